@@ -1,0 +1,5 @@
+"""Allow `python -m bullpen`."""
+
+from bullpen.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Agent adapters: given a run, produce events and an outcome."""

@@ -1,0 +1,38 @@
+"""Opaque keyset cursors for list endpoints."""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime
+from uuid import UUID
+
+from bullpen.errors import InvalidInput
+
+
+def encode(created_at: datetime, row_id: UUID) -> str:
+    """A cursor pointing after (created_at, id)."""
+    raw = f"{created_at.isoformat()}|{row_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode(cursor: str) -> tuple[datetime, UUID]:
+    """The (created_at, id) a cursor points after; malformed cursors are a 422."""
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        created, row_id = base64.urlsafe_b64decode(padded.encode()).decode().split("|")
+        when = datetime.fromisoformat(created)
+        if when.tzinfo is None:
+            raise ValueError("naive")
+        return when, UUID(row_id)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise InvalidInput(
+            "malformed cursor",
+            errors=[
+                {
+                    "location": "query",
+                    "field": "cursor",
+                    "message": "malformed cursor",
+                    "code": "cursor",
+                }
+            ],
+        ) from err

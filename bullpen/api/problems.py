@@ -1,0 +1,143 @@
+"""Every error as RFC 9457 problem+json with a stable `type`; the one place errors meet HTTP."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from bullpen.errors import BullpenError
+
+log = logging.getLogger(__name__)
+
+PROBLEM_BASE = "https://bullpen.dev/problems/"
+MEDIA_TYPE = "application/problem+json"
+
+_HTTP_SLUGS = {
+    400: ("bad-request", "Bad request"),
+    401: ("unauthenticated", "Authentication required"),
+    403: ("forbidden", "Forbidden"),
+    404: ("not-found", "Not found"),
+    405: ("method-not-allowed", "Method not allowed"),
+    406: ("not-acceptable", "Not acceptable"),
+    413: ("payload-too-large", "Payload too large"),
+    415: ("unsupported-media-type", "Unsupported media type"),
+    422: ("validation", "Invalid request"),
+    429: ("rate-limited", "Too many requests"),
+    503: ("unavailable", "Service unavailable"),
+}
+
+
+def problem(
+    status: int,
+    slug: str,
+    title: str,
+    detail: str,
+    *,
+    instance: str | None = None,
+    errors: list[dict[str, Any]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    """A problem+json response."""
+    body: dict[str, Any] = {
+        "type": PROBLEM_BASE + slug,
+        "title": title,
+        "status": status,
+        "detail": detail,
+    }
+    if instance:
+        body["instance"] = instance
+    if errors is not None:
+        body["errors"] = errors
+    return Response(orjson.dumps(body), status_code=status, media_type=MEDIA_TYPE, headers=headers)
+
+
+def _retry_headers(retry_after: float | None) -> dict[str, str] | None:
+    return {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
+
+
+async def _bullpen_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, BullpenError)
+    if exc.status >= 500:
+        log.warning("%s %s -> %s: %s", request.method, request.url.path, exc.status, exc.detail)
+    headers = _retry_headers(exc.retry_after) or {}
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return problem(
+        exc.status,
+        exc.slug,
+        exc.title,
+        exc.detail,
+        instance=request.url.path,
+        errors=exc.errors,
+        headers=headers or None,
+    )
+
+
+def _field_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+    out = []
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ())]
+        out.append(
+            {
+                "location": loc[0] if loc else "body",
+                "field": ".".join(loc[1:]) or None,
+                "message": err.get("msg", "invalid"),
+                "code": err.get("type", "invalid"),
+            }
+        )
+    return out
+
+
+async def _validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    return problem(
+        422,
+        "validation",
+        "Invalid request",
+        "One or more fields are invalid; see `errors`.",
+        instance=request.url.path,
+        errors=_field_errors(exc),
+    )
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    slug, title = _HTTP_SLUGS.get(exc.status_code, ("http-error", "HTTP error"))
+    detail = exc.detail if isinstance(exc.detail, str) else title
+    if exc.status_code == 404 and detail == "Not Found":
+        detail = "No such route."
+    if exc.status_code == 405:
+        detail = f"{request.method} is not allowed on this route."
+    return problem(
+        exc.status_code,
+        slug,
+        title,
+        detail,
+        instance=request.url.path,
+        headers=dict(exc.headers) if exc.headers else None,
+    )
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return problem(
+        500,
+        "internal",
+        "Internal error",
+        "Something went wrong on our side; it has been logged.",
+        instance=request.url.path,
+    )
+
+
+def install(app: FastAPI) -> None:
+    """Route every error through problem+json."""
+    app.add_exception_handler(BullpenError, _bullpen_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,143 @@
+"""The composition root: build every service from one Settings, tear them down in order."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from prometheus_client import CollectorRegistry
+
+from bullpen.bench.simprovider import SimConfig, SimulatedProvider
+from bullpen.gateway.client import GatewayClient, Timeouts
+from bullpen.gateway.providers import Provider, ProviderRegistry
+from bullpen.metrics import build_registry
+from bullpen.queue.worker import Worker
+from bullpen.services.auth import AuthService
+from bullpen.services.bootstrap import SIMULATED_MODEL, SIMULATED_PROVIDER
+from bullpen.services.secrets import load_secret
+from bullpen.services.tasks import TaskService
+from bullpen.settings import Settings
+from bullpen.store.base import Store
+from bullpen.store.engine import create_engine
+from bullpen.store.migrate import migrate
+from bullpen.streams.bus.memory import MemoryBus
+from bullpen.streams.eventlog import EventLog
+
+
+def utcnow() -> datetime:
+    """The clock every service uses unless a test hands in another."""
+    return datetime.now(UTC)
+
+
+@dataclass
+class Services:
+    """Everything a running Bullpen process holds."""
+
+    settings: Settings
+    store: Store
+    secret: bytes
+    bus: MemoryBus
+    eventlog: EventLog
+    gateway: GatewayClient
+    providers: ProviderRegistry
+    worker: Worker | None
+    auth: AuthService
+    tasks: TaskService
+    metrics: CollectorRegistry
+    clock: Callable[[], datetime]
+    simulator: SimulatedProvider | None
+
+
+@asynccontextmanager
+async def open_store(settings: Settings) -> AsyncIterator[Store]:
+    """The store, migrated to head, disposed of on exit."""
+    store = Store(create_engine(settings))
+    try:
+        await migrate(store.engine)
+        yield store
+    finally:
+        await store.close()
+
+
+@asynccontextmanager
+async def build(
+    settings: Settings, *, clock: Callable[[], datetime] = utcnow
+) -> AsyncIterator[Services]:
+    """Start every part this process runs; stop them in reverse order on exit."""
+    async with AsyncExitStack() as stack:
+        store = await stack.enter_async_context(open_store(settings))
+        secret = load_secret(settings.secret_key, settings.data_dir)
+        providers = ProviderRegistry()
+        simulator: SimulatedProvider | None = None
+        if settings.sim_enabled:
+            simulator = await stack.enter_async_context(
+                SimulatedProvider(
+                    SimConfig(
+                        ttft_ms=settings.sim_ttft_ms,
+                        tokens_per_second=settings.sim_tokens_per_second,
+                        response_tokens=settings.sim_response_tokens,
+                        models=(SIMULATED_MODEL,),
+                    )
+                )
+            )
+            providers.register(Provider(SIMULATED_PROVIDER, simulator.base_url))
+        bus = MemoryBus()
+        eventlog = await stack.enter_async_context(
+            EventLog(store, bus, coalesce_s=settings.coalesce_ms / 1000, clock=clock)
+        )
+        gateway = await stack.enter_async_context(
+            GatewayClient(
+                Timeouts(
+                    connect_s=settings.provider_connect_timeout_s,
+                    ttft_s=settings.provider_ttft_timeout_s,
+                    idle_s=settings.provider_idle_timeout_s,
+                )
+            )
+        )
+        worker: Worker | None = None
+        if settings.worker_enabled:
+            worker = await stack.enter_async_context(
+                Worker(
+                    store,
+                    eventlog,
+                    gateway,
+                    providers,
+                    concurrency=settings.worker_concurrency,
+                    lease=timedelta(seconds=settings.lease_s),
+                    poll_s=settings.poll_interval_s,
+                    clock=clock,
+                )
+            )
+        readers: dict[str, tuple[str, Callable[[], float]]] = {
+            "bullpen_sse_subscribers": ("Live SSE subscribers", lambda: bus.subscriber_count),
+            "bullpen_event_commits": ("Event log group commits", lambda: eventlog.commits),
+        }
+        if worker is not None:
+            readers["bullpen_runs_inflight"] = ("Runs executing", lambda: worker.inflight)
+        if not store.is_sqlite:
+            readers["bullpen_db_pool_in_use"] = (
+                "DB connections in use",
+                lambda: store.pool_status()[0],
+            )
+            readers["bullpen_db_pool_size"] = ("DB pool capacity", lambda: store.pool_status()[1])
+        yield Services(
+            settings=settings,
+            store=store,
+            secret=secret,
+            bus=bus,
+            eventlog=eventlog,
+            gateway=gateway,
+            providers=providers,
+            worker=worker,
+            auth=AuthService(store, secret, clock),
+            tasks=TaskService(store, clock, worker.notify if worker else _no_worker),
+            metrics=build_registry(readers),
+            clock=clock,
+            simulator=simulator,
+        )
+
+
+def _no_worker() -> None:
+    """Runs are picked up by worker processes elsewhere."""

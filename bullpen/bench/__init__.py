@@ -1,0 +1,1 @@
+"""Benchmark tooling: load stages, the simulated provider and the `bullpen bench` runner."""

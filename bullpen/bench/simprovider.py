@@ -1,0 +1,531 @@
+"""A simulated OpenAI-compatible provider: deterministic text at a configured TTFT and token rate.
+
+It serves `POST /v1/chat/completions` (streaming and not) and `GET /v1/models` in OpenAI's wire
+format, so the gateway and the benchmarks can run against real sockets without a real LLM.
+The completion for a prompt is a pure function of its messages (`completion_tokens`), so tests
+can compute the exact expected text. Every response carries `X-Bullpen-Simulated: true`.
+
+Sampling fields (`temperature`, `top_p`, `n`, `seed`, `stop`, `tools`, ...) are accepted and
+ignored: the text depends only on the messages and on the token cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import math
+import random
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final
+
+import orjson
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+__all__ = ["SimConfig", "SimulatedProvider", "build_app", "completion_tokens", "serve_forever"]
+
+_MAX_BODY_BYTES: Final = 1024 * 1024
+_MAX_RESPONSE_TOKENS: Final = 100_000
+_FINGERPRINT: Final = "fp_bullpen_sim"
+_OWNER: Final = "bullpen-simulator"
+# A fixed date (2025-01-01) rather than the start time, so /v1/models is byte-for-byte stable.
+_MODEL_CREATED: Final = 1_735_689_600
+# Streams still open at shutdown are cut after this grace; a simulator owes them nothing more.
+_SHUTDOWN_GRACE_S: Final = 1.0
+# aiohttp's default of 128 overflows when a benchmark opens thousands of streams at once, and
+# the dropped SYNs come back as whole seconds of retransmission delay in the measured TTFT.
+_LISTEN_BACKLOG: Final = 4096
+_ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_DONE_FRAME: Final = b"data: [DONE]\n\n"
+_VOCABULARY: Final = tuple(
+    """
+    the of and to in is it that was for on are with as his they be at one have this from or
+    had by word but what some we can out other were all there when up use your how said an
+    each she which do their time if will way about many then them write would like so these
+    her long make thing see him two has look more day could go come did number sound no most
+    people my over know water than call first who may down side been now find any new work
+    part take get place made live where after back little only round man year came show every
+    good me give our under name very through just form sentence great think say help low line
+    differ turn cause much mean before move right boy old too same tell does set three want air
+    well also play small end put home read hand port large spell add even land here must big
+    high such follow act why ask men change went light kind off need house picture try us again
+    animal point mother world near build self earth father head stand own page should country
+    found answer school grow study still learn plant cover food sun four between state keep eye
+    never last let thought city tree cross farm hard start might story saw far sea draw left
+    """.split()
+)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """How the simulated provider behaves: latency, speed, length, models and key."""
+
+    ttft_ms: float = 380.0  # the time to first token the reference benchmark reported
+    tokens_per_second: float = 50.0
+    response_tokens: int = 64
+    models: tuple[str, ...] = ("sim-1",)
+    api_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.ttft_ms) and self.ttft_ms >= 0):
+            raise ValueError(f"ttft_ms must be a finite number >= 0, got {self.ttft_ms!r}")
+        if not (math.isfinite(self.tokens_per_second) and self.tokens_per_second > 0):
+            raise ValueError(
+                f"tokens_per_second must be a finite number > 0, got {self.tokens_per_second!r}"
+            )
+        if (
+            isinstance(self.response_tokens, bool)
+            or not isinstance(self.response_tokens, int)
+            or not 1 <= self.response_tokens <= _MAX_RESPONSE_TOKENS
+        ):
+            raise ValueError(
+                f"response_tokens must be an integer between 1 and {_MAX_RESPONSE_TOKENS}, "
+                f"got {self.response_tokens!r}"
+            )
+        if not self.models or not all(isinstance(m, str) and m for m in self.models):
+            raise ValueError(
+                f"models must be a non-empty tuple of model names, got {self.models!r}"
+            )
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must be a non-empty string, or None for no authentication")
+
+
+def completion_tokens(messages: Sequence[Mapping[str, Any]], n: int) -> list[str]:
+    """Return the first `n` tokens the simulator answers `messages` with."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    # JSON of [role, content] pairs is unambiguous, so distinct conversations get distinct seeds.
+    transcript = orjson.dumps([[m["role"], m["content"]] for m in messages])
+    seed = int.from_bytes(hashlib.blake2b(transcript, digest_size=16).digest(), "big")
+    # Deterministic filler text, not a secret, so a seeded PRNG is exactly right.
+    words = random.Random(seed).choices(_VOCABULARY, k=n)  # noqa: S311
+    return [word if i == 0 else " " + word for i, word in enumerate(words)]
+
+
+def _prompt_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
+    # An approximation of a real tokenizer: words plus OpenAI's per-message framing overhead.
+    return sum(len(m["content"].split()) + 3 for m in messages)
+
+
+class _ApiError(Exception):
+    """A request the simulator refuses, rendered in OpenAI's error format."""
+
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def _error_response(
+    status: int, message: str, *, param: str | None = None, code: str | None = None
+) -> web.Response:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+@web.middleware
+async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except _ApiError as exc:
+        return _error_response(exc.status, exc.message, param=exc.param, code=exc.code)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        if exc.status in (404, 405):
+            message = f"Invalid URL ({request.method} {request.path})"
+        else:
+            message = exc.text or exc.reason
+        return _error_response(exc.status, message)
+
+
+def _require_api_key(api_key: str) -> Middleware:
+    expected = api_key.encode()
+
+    @web.middleware
+    async def require_api_key(request: web.Request, handler: Handler) -> web.StreamResponse:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise _ApiError(
+                401,
+                "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
+                code="invalid_api_key",
+            )
+        # surrogateescape round-trips whatever bytes aiohttp decoded the header from.
+        given = token.strip().encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(given, expected):
+            raise _ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+        return await handler(request)
+
+    return require_api_key
+
+
+async def _label_simulated(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["X-Bullpen-Simulated"] = "true"
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _invalid_type(param: str, expected: str, value: object) -> _ApiError:
+    message = (
+        f"Invalid type for '{param}': expected {expected}, but got {_json_type(value)} instead."
+    )
+    return _ApiError(400, message, param=param, code="invalid_type")
+
+
+def _optional_bool(body: Mapping[str, Any], key: str, param: str) -> bool | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise _invalid_type(param, "a boolean", value)
+    return value
+
+
+def _optional_positive_int(body: Mapping[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _invalid_type(key, "an integer", value)
+    if value < 1:
+        message = (
+            f"Invalid '{key}': integer below minimum value. "
+            f"Expected a value >= 1, but got {value} instead."
+        )
+        raise _ApiError(400, message, param=key, code="integer_below_min_value")
+    return value
+
+
+def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if messages is None:
+        raise _ApiError(
+            400,
+            "Missing required parameter: 'messages'.",
+            param="messages",
+            code="missing_required_parameter",
+        )
+    if not isinstance(messages, list):
+        raise _invalid_type("messages", "an array", messages)
+    if not messages:
+        raise _ApiError(
+            400,
+            "Invalid 'messages': empty array. Expected an array with minimum length 1.",
+            param="messages",
+            code="empty_array",
+        )
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _invalid_type(f"messages[{i}]", "an object", message)
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise _invalid_type(f"messages[{i}].role", "a string", role)
+        if role not in _ROLES:
+            raise _ApiError(
+                400,
+                f"Invalid value: '{role}'. Supported values are: {', '.join(sorted(_ROLES))}.",
+                param=f"messages[{i}].role",
+                code="invalid_value",
+            )
+        if not isinstance(message.get("content"), str):
+            raise _invalid_type(f"messages[{i}].content", "a string", message.get("content"))
+    return messages
+
+
+@dataclass(frozen=True, slots=True)
+class _ChatRequest:
+    """The fields of a chat completion request the simulator acts on."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None
+
+
+def _parse_chat(body: object, models: frozenset[str]) -> _ChatRequest:
+    if not isinstance(body, dict):
+        raise _ApiError(400, "The request body must be a JSON object.")
+    model = body.get("model")
+    if model is None:
+        raise _ApiError(
+            400,
+            "Missing required parameter: 'model'.",
+            param="model",
+            code="missing_required_parameter",
+        )
+    if not isinstance(model, str):
+        raise _invalid_type("model", "a string", model)
+    messages = _messages(body)
+    stream = bool(_optional_bool(body, "stream", "stream"))
+    include_usage = False
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise _invalid_type("stream_options", "an object", options)
+        if not stream:
+            raise _ApiError(
+                400,
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                param="stream_options",
+                code="invalid_value",
+            )
+        include_usage = bool(
+            _optional_bool(options, "include_usage", "stream_options.include_usage")
+        )
+    caps = [
+        cap
+        for cap in (
+            _optional_positive_int(body, "max_tokens"),
+            _optional_positive_int(body, "max_completion_tokens"),
+        )
+        if cap is not None
+    ]
+    if model not in models:
+        raise _ApiError(
+            404,
+            f"The model `{model}` does not exist or you do not have access to it.",
+            param="model",
+            code="model_not_found",
+        )
+    return _ChatRequest(model, messages, stream, include_usage, min(caps) if caps else None)
+
+
+async def _read_json(request: web.Request) -> object:
+    length = request.content_length
+    if length is not None and length > _MAX_BODY_BYTES:
+        # Refuse before reading: aiohttp's own check (in read()) only trips after 1 MiB arrived.
+        raise web.HTTPRequestEntityTooLarge(max_size=_MAX_BODY_BYTES, actual_size=length)
+    raw = await request.read()
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _ApiError(400, f"We could not parse the JSON body of your request: {exc}") from exc
+
+
+async def _sleep_until(deadline: float) -> None:
+    delay = deadline - asyncio.get_running_loop().time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+class _StreamFrames:
+    """The SSE frames of one streamed completion, with the constant parts serialised once."""
+
+    __slots__ = ("_envelope", "content_head", "content_tail", "include_usage")
+
+    def __init__(self, completion_id: str, created: int, model: str, include_usage: bool) -> None:
+        self._envelope: dict[str, Any] = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": _FINGERPRINT,
+        }
+        self.include_usage = include_usage
+        # A JSON string cannot contain this unescaped, so it splits the frame exactly once.
+        marker = b'"delta":{"content":""}'
+        head, tail = self._chunk({"content": ""}, None).split(marker)
+        self.content_head = head + b'"delta":{"content":'
+        self.content_tail = b"}" + tail
+
+    def _chunk(self, delta: dict[str, str], finish_reason: str | None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        chunk = {**self._envelope, "choices": [choice]}
+        if self.include_usage:
+            chunk["usage"] = None  # OpenAI sends an explicit null until the usage chunk
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    def role(self) -> bytes:
+        """Return the opening chunk that announces the assistant role."""
+        return self._chunk({"role": "assistant", "content": ""}, None)
+
+    def finish(self, finish_reason: str) -> bytes:
+        """Return the chunk that closes the choice."""
+        return self._chunk({}, finish_reason)
+
+    def usage(self, usage: Mapping[str, int]) -> bytes:
+        """Return the trailing chunk with token counts and no choices."""
+        return b"data: " + orjson.dumps({**self._envelope, "choices": [], "usage": usage}) + b"\n\n"
+
+
+class _Simulator:
+    """The request handlers, bound to one configuration."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self._config = config
+        self._models = frozenset(config.models)
+        self._ttft_s = config.ttft_ms / 1000
+        self._interval_s = 1 / config.tokens_per_second
+        self._models_body = orjson.dumps(
+            {
+                "object": "list",
+                "data": [
+                    {"id": m, "object": "model", "created": _MODEL_CREATED, "owned_by": _OWNER}
+                    for m in config.models
+                ],
+            }
+        )
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        """Serve `GET /v1/models`."""
+        return web.Response(body=self._models_body, content_type="application/json")
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        """Serve `POST /v1/chat/completions`."""
+        started = asyncio.get_running_loop().time()
+        chat = _parse_chat(await _read_json(request), self._models)
+        limit = self._config.response_tokens
+        n = limit if chat.max_tokens is None else min(limit, chat.max_tokens)
+        tokens = completion_tokens(chat.messages, n)
+        prompt = _prompt_tokens(chat.messages)
+        usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+        finish_reason = "length" if n < limit else "stop"
+        completion_id = "chatcmpl-" + secrets.token_hex(12)
+        created = int(time.time())
+        if chat.stream:
+            frames = _StreamFrames(completion_id, created, chat.model, chat.include_usage)
+            return await self._stream(request, started, tokens, frames, finish_reason, usage)
+        await _sleep_until(started + self._ttft_s + (n - 1) * self._interval_s)
+        body = {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": chat.model,
+            "system_fingerprint": _FINGERPRINT,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(tokens)},
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": usage,
+        }
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    async def _stream(
+        self,
+        request: web.Request,
+        started: float,
+        tokens: list[str],
+        frames: _StreamFrames,
+        finish_reason: str,
+        usage: Mapping[str, int],
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        first_due = started + self._ttft_s
+        loop = asyncio.get_running_loop()
+        try:
+            await _sleep_until(first_due)
+            pending = [frames.role()]
+            for i, token in enumerate(tokens):
+                # Each token has a fixed slot on the schedule, so lateness never accumulates;
+                # tokens already overdue (a loaded loop) go out together in one write.
+                delay = first_due + i * self._interval_s - loop.time()
+                if delay > 0:
+                    await response.write(b"".join(pending))
+                    pending.clear()
+                    await asyncio.sleep(delay)
+                pending += (frames.content_head, orjson.dumps(token), frames.content_tail)
+            pending.append(frames.finish(finish_reason))
+            if frames.include_usage:
+                pending.append(frames.usage(usage))
+            pending.append(_DONE_FRAME)
+            await response.write(b"".join(pending))
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the client hung up; there is nobody left to tell
+        return response
+
+
+def build_app(config: SimConfig) -> web.Application:
+    """Build the simulator's aiohttp application for `config`."""
+    simulator = _Simulator(config)
+    middlewares: list[Middleware] = [_openai_errors]
+    if config.api_key is not None:
+        middlewares.append(_require_api_key(config.api_key))
+    app = web.Application(client_max_size=_MAX_BODY_BYTES, middlewares=middlewares)
+    app.router.add_post("/v1/chat/completions", simulator.chat_completions)
+    app.router.add_get("/v1/models", simulator.list_models)
+    app.on_response_prepare.append(_label_simulated)
+    return app
+
+
+class SimulatedProvider:
+    """The simulator listening on a real socket for the length of an `async with` block."""
+
+    def __init__(self, config: SimConfig, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.config = config
+        self.host = host
+        self.port = port  # 0 asks the OS for a free port; the bound one is known after entry
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def base_url(self) -> str:
+        """Return the OpenAI-style base URL, ending in `/v1`."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    async def __aenter__(self) -> SimulatedProvider:
+        if self._runner is not None:
+            raise RuntimeError("this SimulatedProvider is already running")
+        # Cancelling a disconnected client's handler frees its sleeping stream at once.
+        runner = web.AppRunner(
+            build_app(self.config),
+            access_log=None,
+            handler_cancellation=True,
+            shutdown_timeout=_SHUTDOWN_GRACE_S,
+        )
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.port, backlog=_LISTEN_BACKLOG).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self.port = runner.addresses[0][1]
+        self._runner = runner
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+
+async def serve_forever(config: SimConfig, host: str, port: int) -> None:
+    """Serve the simulator on `host:port` until cancelled."""
+    async with SimulatedProvider(config, host, port):
+        await asyncio.Event().wait()

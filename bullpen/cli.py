@@ -1,0 +1,181 @@
+"""The `bullpen` command line: up, migrate, init, sim-provider, bench."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import uvloop
+from rich.console import Console
+
+from bullpen.services.bootstrap import Bootstrap
+from bullpen.settings import Settings
+
+cli = typer.Typer(
+    name="bullpen",
+    help="Bullpen: a self-hosted control plane for teams of LLM agents.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console(stderr=True)
+
+DataDir = Annotated[
+    Path | None, typer.Option("--data-dir", help="Data directory (BULLPEN_DATA_DIR).")
+]
+DatabaseUrl = Annotated[
+    str | None,
+    typer.Option("--database-url", help="postgresql://… (BULLPEN_DATABASE_URL); default SQLite."),
+]
+
+
+def _settings(data_dir: Path | None, database_url: str | None, **extra: Any) -> Settings:
+    overrides: dict[str, Any] = {k: v for k, v in extra.items() if v is not None}
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    if database_url is not None:
+        overrides["database_url"] = database_url
+    return Settings(**overrides)
+
+
+async def _bootstrap(settings: Settings) -> Bootstrap:
+    from bullpen.app import open_store, utcnow
+    from bullpen.services.bootstrap import ensure_bootstrap
+    from bullpen.services.secrets import load_secret
+
+    async with open_store(settings) as store:
+        return await ensure_bootstrap(
+            store, load_secret(settings.secret_key, settings.data_dir), utcnow
+        )
+
+
+def _banner(settings: Settings, boot: Bootstrap, url: str) -> None:
+    key = boot.api_key or "$BULLPEN_API_KEY"
+    body = json.dumps(
+        {"prompt": "Analyze this dataset and extract key metrics", "agent_id": str(boot.agent_id)}
+    )
+    auth = shlex.quote(f"Authorization: Bearer {key}")
+    create = (
+        f"curl -s -H {auth} -H 'Content-Type: application/json' -d {shlex.quote(body)} "
+        f"{url}/api/v1/tasks"
+    )
+    pick_id = "python3 -c 'import json,sys; print(json.load(sys.stdin)[\"id\"])'"
+    stream = f'curl -sN -H {auth} "{url}/api/v1/tasks/$({create} | {pick_id})/events"'
+    console.print(f"[bold]Bullpen[/] is up at [link={url}]{url}[/link]")
+    console.print(
+        f"  store:     {'SQLite' if settings.is_sqlite else 'PostgreSQL'}"
+        f"{' in ' + str(settings.data_dir) if settings.is_sqlite else ''}"
+    )
+    console.print("  provider:  [yellow]simulated[/] (built in, no network, clearly labelled)")
+    console.print(f"  login:     {boot.email}", highlight=False)
+    if boot.created:
+        console.print(f"  password:  {boot.password}   [dim](shown once)[/]", highlight=False)
+        console.print(f"  API key:   {boot.api_key}   [dim](shown once)[/]", highlight=False)
+    else:
+        console.print("  password and API key: as printed on first start", highlight=False)
+    console.print("\nCreate a task and stream its tokens:", highlight=False)
+    print(stream, flush=True)
+
+
+@cli.command()
+def up(
+    host: Annotated[str | None, typer.Option(help="Bind address (BULLPEN_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (BULLPEN_PORT).")] = None,
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    quiet: Annotated[bool, typer.Option(help="Print no banner.")] = False,
+) -> None:
+    """Run Bullpen in one process: API, worker and the simulated provider."""
+    import uvicorn
+
+    from bullpen import logs
+    from bullpen.api.app import create_app
+
+    logs.configure()
+    settings = _settings(data_dir, database_url, host=host, port=port)
+    boot = uvloop.run(_bootstrap(settings))
+    if not quiet:
+        _banner(settings, boot, f"http://{settings.host}:{settings.port}")
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_config=None,
+        timeout_graceful_shutdown=5,
+        backlog=4096,
+    )
+    uvicorn.Server(config).run()
+
+
+@cli.command()
+def migrate(data_dir: DataDir = None, database_url: DatabaseUrl = None) -> None:
+    """Bring the database schema to the newest version."""
+    from bullpen.app import open_store
+
+    async def run() -> None:
+        async with open_store(_settings(data_dir, database_url)):
+            pass
+
+    uvloop.run(run())
+    console.print("database is at the newest schema version")
+
+
+@cli.command()
+def init(
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON line.")] = False,
+) -> None:
+    """Migrate and create the first admin, workspace, API key and demo agent (idempotent)."""
+    boot = uvloop.run(_bootstrap(_settings(data_dir, database_url)))
+    info = {
+        "created": boot.created,
+        "email": boot.email,
+        "password": boot.password,
+        "api_key": boot.api_key,
+        "workspace_id": str(boot.workspace_id),
+        "agent_id": str(boot.agent_id),
+    }
+    if as_json:
+        print(json.dumps(info), flush=True)
+    else:
+        for name, value in info.items():
+            console.print(f"{name}: {value}", highlight=False)
+
+
+@cli.command("sim-provider")
+def sim_provider(
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 9100,
+    host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
+    ttft_ms: Annotated[float, typer.Option(help="Time to first token, ms.")] = 380.0,
+    tokens_per_second: Annotated[float, typer.Option(help="Streaming rate.")] = 50.0,
+    response_tokens: Annotated[int, typer.Option(help="Tokens per response.")] = 64,
+    model: Annotated[list[str] | None, typer.Option(help="Model names served.")] = None,
+) -> None:
+    """Run the simulated OpenAI-compatible provider on its own."""
+    from bullpen.bench.simprovider import SimConfig, serve_forever
+
+    try:
+        config = SimConfig(
+            ttft_ms=ttft_ms,
+            tokens_per_second=tokens_per_second,
+            response_tokens=response_tokens,
+            models=tuple(model) if model else ("sim-1",),
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    console.print(f"simulated provider at http://{host}:{port}/v1 (models: {config.models})")
+    try:
+        uvloop.run(serve_forever(config, host, port))
+    except KeyboardInterrupt:
+        pass
+
+
+def main() -> None:
+    """Entry point of the `bullpen` console script."""
+    cli()

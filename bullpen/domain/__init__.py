@@ -1,0 +1,1 @@
+"""Pure domain types and rules (stdlib only)."""

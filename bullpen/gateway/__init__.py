@@ -1,0 +1,1 @@
+"""The gateway: every LLM call goes through here."""

@@ -1,0 +1,1 @@
+"""The run queue: claim, lease, execute."""

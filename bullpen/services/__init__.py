@@ -1,0 +1,1 @@
+"""Use cases: what callers can do, independent of HTTP."""

@@ -1,0 +1,132 @@
+"""Authentication: API keys (HMAC digest lookup), password sign-in and browser sessions."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+
+from bullpen.domain import tokens
+from bullpen.domain.principal import Principal
+from bullpen.errors import Unauthenticated
+from bullpen.store import identity
+from bullpen.store.base import Store
+
+SESSION_TTL = timedelta(days=7)
+_TOUCH_EVERY = timedelta(seconds=60)  # last_used_at precision; keeps writes off the hot path
+
+# RFC 9106's second recommended profile (64 MiB, t=3, p=4), above OWASP's argon2id floor.
+PASSWORDS = PasswordHasher(time_cost=3, memory_cost=64 * 1024, parallelism=4)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPrincipal:
+    """A signed-in browser user."""
+
+    principal: Principal
+    email: str
+
+
+def hash_password(password: str) -> str:
+    """An argon2id hash of a password (blocking: call in a thread on the event loop)."""
+    return PASSWORDS.hash(password)
+
+
+class AuthService:
+    """Turns credentials into a Principal, or refuses with Unauthenticated."""
+
+    def __init__(self, store: Store, secret: bytes, clock: Callable[[], datetime]) -> None:
+        self._store = store
+        self._secret = secret
+        self._clock = clock
+        self._dummy_hash = PASSWORDS.hash("not-a-real-password")
+
+    async def authenticate_key(self, token: str) -> Principal:
+        """The principal an API key acts as."""
+        if not tokens.looks_like_api_key(token):
+            raise Unauthenticated("invalid API key")
+        digest = tokens.digest(self._secret, token)
+        async with self._store.read() as conn:
+            record = await identity.find_api_key(conn, digest)
+        now = self._clock()
+        if (
+            record is None
+            or record.revoked_at is not None
+            or (record.expires_at is not None and record.expires_at <= now)
+        ):
+            raise Unauthenticated("invalid API key")
+        if record.last_used_at is None or now - record.last_used_at > _TOUCH_EVERY:
+            async with self._store.write() as conn:
+                await identity.touch_api_key(conn, record.id, now)
+        return Principal(
+            workspace_id=record.workspace_id,
+            user_id=record.user_id,
+            api_key_id=record.id,
+            role=record.role,
+            via="api_key",
+        )
+
+    async def authenticate_session(self, session_id: str) -> SessionPrincipal:
+        """The signed-in user behind a session cookie."""
+        if not session_id or len(session_id) > 128:
+            raise Unauthenticated("not signed in")
+        async with self._store.read() as conn:
+            record = await identity.find_session(conn, tokens.digest(self._secret, session_id))
+        if record is None or record.expires_at <= self._clock():
+            raise Unauthenticated("not signed in")
+        principal = Principal(
+            workspace_id=record.workspace_id,
+            user_id=record.user_id,
+            api_key_id=None,
+            role=record.role,
+            via="session",
+        )
+        return SessionPrincipal(principal, record.email)
+
+    async def sign_in(self, email: str, password: str) -> str:
+        """Check a password and open a new session; returns the session id for the cookie."""
+        async with self._store.read() as conn:
+            user = await identity.find_user_for_login(conn, email[:320])
+            membership = await identity.first_membership(conn, user.id) if user else None
+        stored = user.password_hash if user is not None else self._dummy_hash
+        # Verify even for unknown users so both cases cost the same.
+        ok = await asyncio.to_thread(_verify, stored, password[:1024])
+        if user is None or not ok or membership is None:
+            raise Unauthenticated("wrong email or password")
+        session_id = tokens.new_session_id()
+        now = self._clock()
+        async with self._store.write() as conn:
+            await identity.create_session(
+                conn,
+                digest=tokens.digest(self._secret, session_id),
+                user_id=user.id,
+                workspace_id=membership[0],
+                now=now,
+                expires_at=now + SESSION_TTL,
+            )
+        return session_id
+
+    async def sign_out(self, session_id: str) -> None:
+        """End a session (unknown ids are ignored)."""
+        async with self._store.write() as conn:
+            await identity.delete_session(conn, tokens.digest(self._secret, session_id))
+
+    def csrf_token(self, session_id: str) -> str:
+        """The CSRF token bound to a session."""
+        return tokens.digest(self._secret, "csrf:" + session_id).hex()
+
+    def check_csrf(self, session_id: str, token: str) -> bool:
+        """Whether a submitted CSRF token belongs to this session (constant time)."""
+        return hmac.compare_digest(self.csrf_token(session_id), token)
+
+
+def _verify(stored: str, password: str) -> bool:
+    try:
+        return PASSWORDS.verify(stored, password)
+    except (VerificationError, InvalidHashError):
+        return False

@@ -1,0 +1,78 @@
+"""Typed settings, read once from the environment (prefix `BULLPEN_`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    """Where the embedded default keeps its database and secrets."""
+    return Path.home() / ".local" / "share" / "bullpen"
+
+
+class Settings(BaseSettings):
+    """Everything Bullpen can be configured with; see README for the table."""
+
+    model_config = SettingsConfigDict(env_prefix="BULLPEN_", extra="ignore")
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    database_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    secret_key: str | None = None
+
+    # Limits (documented in README "Limits").
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    page_size_max: int = Field(default=100, ge=1)
+    sse_keepalive_s: float = Field(default=15.0, gt=0)
+
+    # Worker.
+    worker_enabled: bool = True
+    worker_concurrency: int = Field(default=256, ge=1)
+    lease_s: float = Field(default=60.0, gt=0)
+    poll_interval_s: float = Field(default=1.0, gt=0)
+
+    # Event log.
+    coalesce_ms: float = Field(default=25.0, ge=0)
+
+    # Store.
+    pool_size: int = Field(default=20, ge=1)
+    pool_max_overflow: int = Field(default=10, ge=0)
+
+    # Built-in simulated provider for `bullpen up`.
+    sim_enabled: bool = True
+    sim_ttft_ms: float = Field(default=380.0, ge=0)
+    sim_tokens_per_second: float = Field(default=50.0, gt=0)
+    sim_response_tokens: int = Field(default=64, ge=1)
+
+    # Provider calls.
+    provider_connect_timeout_s: float = Field(default=10.0, gt=0)
+    provider_ttft_timeout_s: float = Field(default=60.0, gt=0)
+    provider_idle_timeout_s: float = Field(default=60.0, gt=0)
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        for prefix in ("postgresql://", "postgres://"):
+            if value.startswith(prefix):
+                return "postgresql+asyncpg://" + value[len(prefix) :]
+        if value.startswith(("postgresql+asyncpg://", "sqlite+aiosqlite://")):
+            return value
+        raise ValueError("database_url must be postgresql://… or sqlite+aiosqlite://…")
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The URL to connect to: the configured one or SQLite in the data directory."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite+aiosqlite:///{self.data_dir / 'bullpen.db'}"
+
+    @property
+    def is_sqlite(self) -> bool:
+        """True when the store is SQLite."""
+        return self.resolved_database_url.startswith("sqlite")

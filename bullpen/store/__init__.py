@@ -1,0 +1,1 @@
+"""Persistence: tables, migrations and one module per aggregate (SQLite and PostgreSQL)."""

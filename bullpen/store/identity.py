@@ -1,0 +1,257 @@
+"""Workspaces, users, memberships, API keys and sessions."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from bullpen.domain.principal import Role
+from bullpen.store.tables import api_keys, memberships, sessions, users, workspaces
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """What authentication needs to know about an API key."""
+
+    id: UUID
+    workspace_id: UUID
+    user_id: UUID | None
+    agent_id: UUID | None
+    role: Role
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """A signed-in browser session."""
+
+    user_id: UUID
+    workspace_id: UUID
+    role: Role
+    expires_at: datetime
+    email: str
+
+
+async def create_workspace(
+    conn: AsyncConnection, *, name: str, slug: str, task_key: str, now: datetime
+) -> UUID:
+    """Insert a workspace and return its id."""
+    ws_id = uuid.uuid4()
+    await conn.execute(
+        workspaces.insert().values(
+            id=ws_id, name=name, slug=slug, task_key=task_key, task_counter=0, created_at=now
+        )
+    )
+    return ws_id
+
+
+async def create_user(
+    conn: AsyncConnection,
+    *,
+    email: str,
+    name: str,
+    password_hash: str,
+    is_instance_admin: bool,
+    now: datetime,
+) -> UUID:
+    """Insert a user and return its id."""
+    user_id = uuid.uuid4()
+    await conn.execute(
+        users.insert().values(
+            id=user_id,
+            email=email.lower(),
+            name=name,
+            password_hash=password_hash,
+            is_instance_admin=is_instance_admin,
+            created_at=now,
+        )
+    )
+    return user_id
+
+
+async def add_member(
+    conn: AsyncConnection, *, workspace_id: UUID, user_id: UUID, role: Role, now: datetime
+) -> None:
+    """Give a user a role in a workspace."""
+    await conn.execute(
+        memberships.insert().values(
+            workspace_id=workspace_id, user_id=user_id, role=role.value, created_at=now
+        )
+    )
+
+
+async def create_api_key(
+    conn: AsyncConnection,
+    *,
+    workspace_id: UUID,
+    user_id: UUID | None,
+    name: str,
+    prefix: str,
+    digest: bytes,
+    scopes: list[str],
+    now: datetime,
+    expires_at: datetime | None = None,
+) -> UUID:
+    """Store a new API key by its digest; the key itself is never stored."""
+    key_id = uuid.uuid4()
+    await conn.execute(
+        api_keys.insert().values(
+            id=key_id,
+            workspace_id=workspace_id,
+            user_id=user_id,
+            name=name,
+            prefix=prefix,
+            digest=digest,
+            scopes=scopes,
+            expires_at=expires_at,
+            created_at=now,
+        )
+    )
+    return key_id
+
+
+_KEY_LOOKUP = (
+    sa.select(
+        api_keys.c.id,
+        api_keys.c.workspace_id,
+        api_keys.c.user_id,
+        api_keys.c.agent_id,
+        api_keys.c.expires_at,
+        api_keys.c.revoked_at,
+        api_keys.c.last_used_at,
+        memberships.c.role,
+    )
+    .select_from(
+        api_keys.outerjoin(
+            memberships,
+            sa.and_(
+                memberships.c.workspace_id == api_keys.c.workspace_id,
+                memberships.c.user_id == api_keys.c.user_id,
+            ),
+        ).outerjoin(users, users.c.id == api_keys.c.user_id)
+    )
+    .where(api_keys.c.digest == sa.bindparam("digest"), users.c.disabled_at.is_(None))
+)
+
+
+async def find_api_key(conn: AsyncConnection, digest: bytes) -> KeyRecord | None:
+    """The key with this digest, with its owner's role, or None."""
+    row = (await conn.execute(_KEY_LOOKUP, {"digest": digest})).first()
+    if row is None:
+        return None
+    # A user's key acts with the user's current role; an agent's key as a member.
+    role = Role(row.role) if row.role is not None else Role.MEMBER
+    if row.user_id is not None and row.role is None:
+        return None  # the user left the workspace
+    return KeyRecord(
+        id=row.id,
+        workspace_id=row.workspace_id,
+        user_id=row.user_id,
+        agent_id=row.agent_id,
+        role=role,
+        expires_at=row.expires_at,
+        revoked_at=row.revoked_at,
+        last_used_at=row.last_used_at,
+    )
+
+
+async def touch_api_key(conn: AsyncConnection, key_id: UUID, now: datetime) -> None:
+    """Record that a key was used."""
+    await conn.execute(api_keys.update().where(api_keys.c.id == key_id).values(last_used_at=now))
+
+
+async def find_user_for_login(conn: AsyncConnection, email: str) -> Any | None:
+    """The enabled user with this email (id, password_hash), or None."""
+    return (
+        await conn.execute(
+            sa.select(users.c.id, users.c.password_hash).where(
+                users.c.email == email.lower(), users.c.disabled_at.is_(None)
+            )
+        )
+    ).first()
+
+
+async def first_membership(conn: AsyncConnection, user_id: UUID) -> tuple[UUID, Role] | None:
+    """The user's oldest workspace membership (the UI's default workspace)."""
+    row = (
+        await conn.execute(
+            sa.select(memberships.c.workspace_id, memberships.c.role)
+            .where(memberships.c.user_id == user_id)
+            .order_by(memberships.c.created_at)
+            .limit(1)
+        )
+    ).first()
+    return (row.workspace_id, Role(row.role)) if row else None
+
+
+async def create_session(
+    conn: AsyncConnection,
+    *,
+    digest: bytes,
+    user_id: UUID,
+    workspace_id: UUID,
+    now: datetime,
+    expires_at: datetime,
+) -> None:
+    """Store a new browser session by the digest of its id."""
+    await conn.execute(
+        sessions.insert().values(
+            digest=digest,
+            user_id=user_id,
+            workspace_id=workspace_id,
+            created_at=now,
+            expires_at=expires_at,
+        )
+    )
+
+
+async def find_session(conn: AsyncConnection, digest: bytes) -> SessionRecord | None:
+    """The live session with this digest, with the user's role, or None."""
+    row = (
+        await conn.execute(
+            sa.select(
+                sessions.c.user_id,
+                sessions.c.workspace_id,
+                sessions.c.expires_at,
+                memberships.c.role,
+                users.c.email,
+            )
+            .select_from(
+                sessions.join(users, users.c.id == sessions.c.user_id).join(
+                    memberships,
+                    sa.and_(
+                        memberships.c.user_id == sessions.c.user_id,
+                        memberships.c.workspace_id == sessions.c.workspace_id,
+                    ),
+                )
+            )
+            .where(sessions.c.digest == digest, users.c.disabled_at.is_(None))
+        )
+    ).first()
+    if row is None:
+        return None
+    return SessionRecord(
+        user_id=row.user_id,
+        workspace_id=row.workspace_id,
+        role=Role(row.role),
+        expires_at=row.expires_at,
+        email=row.email,
+    )
+
+
+async def delete_session(conn: AsyncConnection, digest: bytes) -> None:
+    """End a session."""
+    await conn.execute(sessions.delete().where(sessions.c.digest == digest))
+
+
+async def count_users(conn: AsyncConnection) -> int:
+    """How many users exist (zero means first start)."""
+    return int((await conn.execute(sa.select(sa.func.count()).select_from(users))).scalar_one())

@@ -1,0 +1,211 @@
+"""The schema, as SQLAlchemy Core tables; migrations in `store/migrations` must match it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Dialect
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(column_0_label)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+class UTCDateTime(sa.TypeDecorator[datetime]):
+    """Timezone-aware UTC timestamps on both backends (SQLite stores them naive)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+JSONType: sa.types.TypeEngine[Any] = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+
+
+def _id() -> sa.Column[Any]:
+    return sa.Column("id", sa.Uuid, primary_key=True)
+
+
+def _created() -> sa.Column[Any]:
+    return sa.Column("created_at", UTCDateTime, nullable=False)
+
+
+def _workspace_fk() -> sa.Column[Any]:
+    return sa.Column(
+        "workspace_id", sa.Uuid, sa.ForeignKey("workspaces.id", ondelete="CASCADE"), nullable=False
+    )
+
+
+workspaces = sa.Table(
+    "workspaces",
+    metadata,
+    _id(),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("slug", sa.String(64), nullable=False, unique=True),
+    sa.Column("task_key", sa.String(10), nullable=False),
+    sa.Column("task_counter", sa.BigInteger, nullable=False, server_default="0"),
+    _created(),
+)
+
+users = sa.Table(
+    "users",
+    metadata,
+    _id(),
+    sa.Column("email", sa.String(320), nullable=False, unique=True),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("password_hash", sa.String(255), nullable=False),
+    sa.Column("is_instance_admin", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("disabled_at", UTCDateTime),
+    _created(),
+)
+
+memberships = sa.Table(
+    "memberships",
+    metadata,
+    _workspace_fk(),
+    sa.Column("user_id", sa.Uuid, sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("role", sa.String(16), nullable=False),
+    _created(),
+    sa.PrimaryKeyConstraint("workspace_id", "user_id"),
+    sa.CheckConstraint("role IN ('owner', 'admin', 'member', 'viewer')", name="role"),
+)
+
+sessions = sa.Table(
+    "sessions",
+    metadata,
+    sa.Column("digest", sa.LargeBinary(32), primary_key=True),
+    sa.Column("user_id", sa.Uuid, sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("workspace_id", sa.Uuid, sa.ForeignKey("workspaces.id", ondelete="CASCADE")),
+    _created(),
+    sa.Column("expires_at", UTCDateTime, nullable=False),
+    sa.Index("ix_sessions_user_id", "user_id"),
+)
+
+agents = sa.Table(
+    "agents",
+    metadata,
+    _id(),
+    _workspace_fk(),
+    sa.Column("name", sa.String(100), nullable=False),
+    sa.Column("title", sa.String(200), nullable=False, server_default=""),
+    sa.Column("adapter", sa.String(16), nullable=False),
+    sa.Column("config", JSONType, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False, server_default="active"),
+    sa.Column("max_concurrent_runs", sa.Integer, nullable=False, server_default="10"),
+    _created(),
+    sa.UniqueConstraint("workspace_id", "name", name="uq_agents_workspace_name"),
+    sa.CheckConstraint("status IN ('active', 'paused', 'terminated')", name="status"),
+)
+
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    _id(),
+    _workspace_fk(),
+    sa.Column("user_id", sa.Uuid, sa.ForeignKey("users.id", ondelete="CASCADE")),
+    sa.Column("agent_id", sa.Uuid, sa.ForeignKey("agents.id", ondelete="CASCADE")),
+    sa.Column("name", sa.String(100), nullable=False),
+    sa.Column("prefix", sa.String(16), nullable=False),
+    sa.Column("digest", sa.LargeBinary(32), nullable=False, unique=True),
+    sa.Column("scopes", JSONType, nullable=False),
+    sa.Column("expires_at", UTCDateTime),
+    sa.Column("last_used_at", UTCDateTime),
+    sa.Column("revoked_at", UTCDateTime),
+    _created(),
+    sa.CheckConstraint("(user_id IS NOT NULL) OR (agent_id IS NOT NULL)", name="owner"),
+)
+
+tasks = sa.Table(
+    "tasks",
+    metadata,
+    _id(),
+    _workspace_fk(),
+    sa.Column("number", sa.BigInteger, nullable=False),
+    sa.Column("title", sa.String(200), nullable=False),
+    sa.Column("prompt", sa.Text, nullable=False),
+    sa.Column("agent_id", sa.Uuid, sa.ForeignKey("agents.id"), nullable=False),
+    sa.Column("creator_user_id", sa.Uuid, sa.ForeignKey("users.id", ondelete="SET NULL")),
+    sa.Column("creator_key_id", sa.Uuid, sa.ForeignKey("api_keys.id", ondelete="SET NULL")),
+    sa.Column("status", sa.String(24), nullable=False),
+    sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("result", sa.Text),
+    sa.Column("error", sa.Text),
+    _created(),
+    sa.Column("updated_at", UTCDateTime, nullable=False),
+    sa.UniqueConstraint("workspace_id", "number", name="uq_tasks_workspace_number"),
+    sa.Index("ix_tasks_workspace_created", "workspace_id", "created_at", "id"),
+)
+
+runs = sa.Table(
+    "runs",
+    metadata,
+    _id(),
+    _workspace_fk(),
+    sa.Column("task_id", sa.Uuid, sa.ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("agent_id", sa.Uuid, sa.ForeignKey("agents.id"), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("lease_owner", sa.String(64)),
+    sa.Column("lease_expires_at", UTCDateTime),
+    sa.Column("queued_at", UTCDateTime, nullable=False),
+    sa.Column("started_at", UTCDateTime),
+    sa.Column("first_token_at", UTCDateTime),
+    sa.Column("finished_at", UTCDateTime),
+    sa.Column("ttft_ms", sa.Float),
+    sa.Column("provider", sa.String(100)),
+    sa.Column("model", sa.String(200)),
+    sa.Column("input_tokens", sa.Integer),
+    sa.Column("output_tokens", sa.Integer),
+    sa.Column("error", sa.Text),
+    sa.Index("ix_runs_task_id", "task_id"),
+    sa.Index("ix_runs_status_queued", "status", "queued_at"),
+)
+
+run_events = sa.Table(
+    "run_events",
+    metadata,
+    sa.Column("run_id", sa.Uuid, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("workspace_id", sa.Uuid, nullable=False),
+    sa.Column("task_id", sa.Uuid, nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("data", JSONType, nullable=False),
+    _created(),
+    sa.PrimaryKeyConstraint("run_id", "seq"),
+)
+
+audit_events = sa.Table(
+    "audit_events",
+    metadata,
+    _id(),
+    sa.Column("workspace_id", sa.Uuid),
+    sa.Column("actor_type", sa.String(16), nullable=False),
+    sa.Column("actor_id", sa.Uuid),
+    sa.Column("action", sa.String(64), nullable=False),
+    sa.Column("target_type", sa.String(32), nullable=False),
+    sa.Column("target_id", sa.Uuid),
+    sa.Column("data", JSONType, nullable=False),
+    _created(),
+    sa.Index("ix_audit_events_workspace_created", "workspace_id", "created_at"),
+)

@@ -1,0 +1,1 @@
+"""Streams: the event log (coalesce, seq, group commit), buses and SSE."""

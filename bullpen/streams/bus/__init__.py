@@ -1,0 +1,1 @@
+"""Buses carry committed run events to live subscribers."""

@@ -1,0 +1,202 @@
+"""The event log: coalesces text deltas, assigns gap-free seq, group-commits, then publishes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from bullpen.domain.events import EventKind, RunEvent
+from bullpen.errors import BullpenError
+from bullpen.store import events as event_store
+from bullpen.store.base import Store
+from bullpen.streams.bus.base import Bus
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+
+class RunWriter:
+    """The single producer of one run attempt's events."""
+
+    def __init__(
+        self, log_: EventLog, run_id: UUID, task_id: UUID, workspace_id: UUID, last_seq: int
+    ) -> None:
+        self._log = log_
+        self.run_id = run_id
+        self.task_id = task_id
+        self.workspace_id = workspace_id
+        self._seq = last_seq
+        self.committed_seq = last_seq
+        self._text: list[str] = []
+        self._ready: list[RunEvent] = []
+
+    def text(self, delta: str) -> None:
+        """Append a text delta; consecutive deltas become one event per flush window."""
+        if delta:
+            self._text.append(delta)
+            self._log.mark_dirty(self)
+
+    def emit(self, kind: EventKind, data: dict[str, Any]) -> None:
+        """Append a non-text event after any pending text."""
+        self._seal_text()
+        self._ready.append(self._event(kind, data))
+        self._log.mark_dirty(self)
+
+    def drain(self) -> list[RunEvent]:
+        """Take every pending event, sequenced (called by the flusher)."""
+        self._seal_text()
+        out, self._ready = self._ready, []
+        return out
+
+    def final(self, kind: EventKind, data: dict[str, Any]) -> RunEvent:
+        """Sequence the run's last event, to be committed with its final state."""
+        self._seal_text()
+        if self._ready:
+            raise RuntimeError("flush the run's events before its final one")
+        return self._event(kind, data)
+
+    def restore(self, events: list[RunEvent]) -> None:
+        """Put drained events back in front after a failed commit."""
+        self._ready[:0] = events
+
+    @property
+    def pending(self) -> bool:
+        """Whether events wait to be committed."""
+        return bool(self._text or self._ready)
+
+    def _event(self, kind: EventKind, data: dict[str, Any]) -> RunEvent:
+        self._seq += 1
+        return RunEvent(self.run_id, self.task_id, self._seq, kind, data)
+
+    def _seal_text(self) -> None:
+        if self._text:
+            text = "".join(self._text)
+            self._text.clear()
+            self._ready.append(self._event(EventKind.TEXT, {"text": text}))
+
+
+class EventLog:
+    """Owns the flusher task that commits all runs' pending events together."""
+
+    def __init__(self, store: Store, bus: Bus, *, coalesce_s: float, clock: Clock) -> None:
+        self._store = store
+        self._bus = bus
+        self._coalesce_s = coalesce_s
+        self._clock = clock
+        self._dirty: set[RunWriter] = set()
+        self._wake = asyncio.Event()
+        self._cycle: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._task: asyncio.Task[None] | None = None
+        self._committing: frozenset[RunWriter] = frozenset()
+        self.commits = 0
+
+    def writer(self, run_id: UUID, task_id: UUID, workspace_id: UUID, last_seq: int) -> RunWriter:
+        """A writer for one run attempt, continuing after `last_seq`."""
+        return RunWriter(self, run_id, task_id, workspace_id, last_seq)
+
+    def mark_dirty(self, writer: RunWriter) -> None:
+        """Note that a writer has events to commit."""
+        self._dirty.add(writer)
+        self._wake.set()
+
+    async def flush(self, writer: RunWriter) -> None:
+        """Wait until everything the writer emitted so far is committed and published."""
+        while writer.pending or writer in self._dirty or self._inflight(writer):
+            self._wake.set()
+            await asyncio.shield(self._cycle)
+
+    async def commit_final(
+        self,
+        writer: RunWriter,
+        kind: EventKind,
+        data: dict[str, Any],
+        change: Callable[[AsyncConnection], Awaitable[bool]],
+    ) -> bool:
+        """Commit the run's last event with its final state change, then publish it."""
+        await self.flush(writer)
+        event = writer.final(kind, data)
+        async with self._store.write() as conn:
+            applied = await change(conn)
+            if applied:
+                await event_store.append(conn, [event], [writer.workspace_id], self._clock())
+        if applied:
+            writer.committed_seq = event.seq
+            self._bus.publish([event])
+        return applied
+
+    async def __aenter__(self) -> EventLog:
+        self._task = asyncio.create_task(self._run(), name="bullpen-eventlog")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._wake.set()
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self._dirty:
+            await self._commit_once()
+
+    def _inflight(self, writer: RunWriter) -> bool:
+        return writer in self._committing
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._coalesce_s:
+                await asyncio.sleep(self._coalesce_s)
+            try:
+                await self._commit_once()
+            except BullpenError as err:
+                log.warning("event commit failed, retrying: %s", err.detail)
+                await asyncio.sleep(0.5)
+                self._wake.set()
+
+    async def _commit_once(self) -> None:
+        writers, self._dirty = self._dirty, set()
+        self._committing = frozenset(writers)
+        batch: list[RunEvent] = []
+        owners: list[UUID] = []
+        done, self._cycle = self._cycle, asyncio.get_running_loop().create_future()
+        try:
+            for writer in writers:
+                events = writer.drain()
+                batch.extend(events)
+                owners.extend([writer.workspace_id] * len(events))
+            if batch:
+                try:
+                    async with self._store.write() as conn:
+                        await event_store.append(conn, batch, owners, self._clock())
+                except BaseException:
+                    self._requeue(writers, batch)
+                    raise
+                self.commits += 1
+                for writer in writers:
+                    writer.committed_seq = max(
+                        (e.seq for e in batch if e.run_id == writer.run_id),
+                        default=writer.committed_seq,
+                    )
+                self._bus.publish(batch)
+        finally:
+            self._committing = frozenset()
+            if not done.done():
+                done.set_result(None)
+
+    def _requeue(self, writers: set[RunWriter], batch: list[RunEvent]) -> None:
+        # Put drained events back in front so order and seq survive a failed commit.
+        by_run: dict[UUID, list[RunEvent]] = {}
+        for ev in batch:
+            by_run.setdefault(ev.run_id, []).append(ev)
+        for writer in writers:
+            writer.restore(by_run.get(writer.run_id, []))
+            self._dirty.add(writer)
