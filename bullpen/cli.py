@@ -176,6 +176,69 @@ def sim_provider(
         pass
 
 
+@cli.command()
+def bench(
+    backend: Annotated[
+        str, typer.Option(help="Server to start and measure: sqlite or postgres.")
+    ] = "sqlite",
+    url: Annotated[
+        str | None, typer.Option(help="Measure a running server instead of starting one.")
+    ] = None,
+    api_key: Annotated[str | None, typer.Option(help="API key for --url.")] = None,
+    agent_id: Annotated[str | None, typer.Option(help="Agent UUID for --url.")] = None,
+    pg_url: Annotated[
+        str, typer.Option(help="PostgreSQL server where a scratch database is made.")
+    ] = "postgresql://postgres@127.0.0.1:5432/test",
+    scale: Annotated[float, typer.Option(help="Multiply every stage duration.")] = 1.0,
+    peak: Annotated[int, typer.Option(help="Virtual users at the peak stage.")] = 80,
+    hold: Annotated[int, typer.Option(help="Virtual users at the first hold stage.")] = 50,
+    think: Annotated[float, typer.Option(help="Seconds each user waits between tasks.")] = 1.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON, no progress bar.")] = False,
+) -> None:
+    """The reference scenario as a load test: create, stream to the end, think; ramp to 80."""
+    from bullpen.bench.loadgen import run_load
+    from bullpen.bench.report import live_progress, render_table, to_json
+    from bullpen.bench.spawn import spawn_server
+    from bullpen.bench.stages import default_stages, total_duration
+
+    if backend not in ("sqlite", "postgres"):
+        raise typer.BadParameter("--backend must be sqlite or postgres")
+    if url is not None and (api_key is None or agent_id is None):
+        raise typer.BadParameter("--url needs --api-key and --agent-id")
+    if think < 0 or peak < 1 or hold < 1:
+        raise typer.BadParameter("--think must be >= 0; --peak and --hold >= 1")
+    try:
+        stages = default_stages(scale=scale, peak=peak, hold=hold)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+
+    async def measure(base_url: str, key: str, agent: str) -> dict[str, Any]:
+        if as_json:
+            result = await run_load(base_url, key, agent, stages, think_s=think)
+        else:
+            with live_progress(total_duration(stages)) as progress:
+                result = await run_load(
+                    base_url, key, agent, stages, think_s=think, on_tick=progress.update
+                )
+            Console().print(render_table(result))
+        return to_json(result)
+
+    async def run() -> dict[str, Any]:
+        if url is not None:
+            assert api_key is not None and agent_id is not None
+            report = await measure(url.rstrip("/"), api_key, agent_id)
+            report["backend"] = "external"
+            return report
+        async with spawn_server(backend, pg_admin_url=pg_url) as server:  # type: ignore[arg-type]
+            report = await measure(server.base_url, server.api_key, server.agent_id)
+        report["backend"] = backend
+        return report
+
+    report = uvloop.run(run())
+    if as_json:
+        print(json.dumps(report), flush=True)
+
+
 def main() -> None:
     """Entry point of the `bullpen` console script."""
     cli()

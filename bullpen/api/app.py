@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import ORJSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from bullpen import __version__
@@ -41,7 +40,6 @@ def create_app(settings: Settings) -> FastAPI:
         version=__version__,
         summary="Control plane for teams of LLM agents",
         lifespan=lifespan,
-        default_response_class=ORJSONResponse,
     )
     problems.install(app)
 

@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import Match
 
 from bullpen.errors import BullpenError
 
@@ -112,16 +113,26 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     detail = exc.detail if isinstance(exc.detail, str) else title
     if exc.status_code == 404 and detail == "Not Found":
         detail = "No such route."
+    headers = dict(exc.headers) if exc.headers else {}
     if exc.status_code == 405:
         detail = f"{request.method} is not allowed on this route."
+        headers["Allow"] = ", ".join(_allowed_methods(request))
     return problem(
-        exc.status_code,
-        slug,
-        title,
-        detail,
-        instance=request.url.path,
-        headers=dict(exc.headers) if exc.headers else None,
+        exc.status_code, slug, title, detail, instance=request.url.path, headers=headers or None
     )
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (Starlette reports only the first route)."""
+    allowed = {
+        method
+        for method in ("GET", "POST", "PUT", "PATCH", "DELETE")
+        for route in request.app.router.routes
+        if route.matches({**request.scope, "method": method})[0] is Match.FULL
+    }
+    if "GET" in allowed:
+        allowed.add("HEAD")
+    return sorted(allowed)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

@@ -47,18 +47,22 @@ async def claim(
     conn: AsyncConnection, *, owner: str, limit: int, now: datetime, lease: timedelta
 ) -> list[ClaimedRun]:
     """Take up to `limit` queued runs, oldest first, and mark them running under a lease."""
+    # A materialized CTE: as a plain subquery PostgreSQL may re-run the LIMIT per row.
     candidates = (
         sa.select(runs.c.id)
         .where(runs.c.status == RunStatus.QUEUED.value)
         .order_by(runs.c.queued_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
-        .scalar_subquery()
+        .cte("candidates")
+        .prefix_with("MATERIALIZED")
     )
     claimed = list(
         await conn.execute(
             runs.update()
-            .where(runs.c.id.in_(candidates), runs.c.status == RunStatus.QUEUED.value)
+            .where(
+                runs.c.id.in_(sa.select(candidates.c.id)), runs.c.status == RunStatus.QUEUED.value
+            )
             .values(
                 status=RunStatus.RUNNING.value,
                 attempt=runs.c.attempt + 1,

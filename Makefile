@@ -1,0 +1,29 @@
+# One command per habit. Each installs what it needs first (scripts/deps.sh).
+SHELL := /bin/bash
+export PATH := $(HOME)/.local/bin:$(PATH)
+PYTEST_ARGS ?=
+
+.PHONY: deps up test lint bench fmt
+
+deps:
+	@./scripts/deps.sh
+
+up: deps
+	uv run bullpen up
+
+test:
+	@./scripts/deps.sh --browser
+	uv run pytest $(PYTEST_ARGS)
+
+lint: deps
+	uv run ruff check bullpen tests
+	uv run ruff format --check bullpen tests
+	uv run mypy bullpen
+
+fmt: deps
+	uv run ruff check --fix bullpen tests
+	uv run ruff format bullpen tests
+
+bench: deps
+	uv run bullpen bench --backend sqlite
+	uv run bullpen bench --backend postgres

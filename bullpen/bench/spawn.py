@@ -1,0 +1,287 @@
+"""Start a throw-away Bullpen server (fresh SQLite data dir or fresh PostgreSQL database).
+
+`spawn_server` runs `bullpen init --json` then `bullpen up` as subprocesses, waits for
+`/healthz`, and on exit stops the server (SIGTERM, then SIGKILL after a grace period), drops the
+database and removes the temporary directory. The server's stderr goes to a file so a crash can
+be reported with its tail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+import orjson
+
+from bullpen.errors import BullpenError
+
+__all__ = ["SpawnError", "SpawnedServer", "spawn_server"]
+
+Backend = Literal["sqlite", "postgres"]
+
+READY_TIMEOUT_S = 30.0
+INIT_TIMEOUT_S = 120.0
+STOP_GRACE_S = 10.0
+_TAIL_BYTES = 8_192
+
+
+class SpawnError(BullpenError):
+    """The bench server could not be prepared, started or reached."""
+
+    slug = "bench-spawn"
+    title = "Bench server failed"
+
+
+@dataclass(frozen=True)
+class SpawnedServer:
+    """A running server and the credentials its first start printed."""
+
+    base_url: str
+    api_key: str = field(repr=False)
+    agent_id: str
+    pid: int
+    backend: Backend
+    data_dir: Path
+    stderr_path: Path
+    database_url: str | None = field(repr=False)
+    _proc: asyncio.subprocess.Process = field(repr=False)
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the server has died, else None."""
+        return self._proc.returncode
+
+    def stderr_tail(self, max_bytes: int = _TAIL_BYTES) -> str:
+        """Return the end of the server's stderr (for crash reports)."""
+        return _tail(self.stderr_path, max_bytes)
+
+
+def _bullpen_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bullpen", *args]
+
+
+def _tail(path: Path, max_bytes: int) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _with_database(url: str, database: str, *, scheme: str | None = None) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(scheme=scheme or parts.scheme, path=f"/{database}"))
+
+
+async def _admin_execute(admin_url: str, *statements: tuple[str, tuple[Any, ...]]) -> None:
+    import asyncpg  # only the postgres backend needs the driver
+
+    try:
+        conn = await asyncpg.connect(admin_url, timeout=10)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise SpawnError(f"cannot connect to PostgreSQL admin URL: {exc}") from exc
+    try:
+        for sql, args in statements:
+            await conn.execute(sql, *args)
+    except asyncpg.PostgresError as exc:
+        raise SpawnError(f"PostgreSQL admin statement failed: {exc}") from exc
+    finally:
+        await conn.close()
+
+
+async def _create_database(admin_url: str) -> str:
+    name = f"bullpen_bench_{secrets.token_hex(6)}"
+    await _admin_execute(admin_url, (f'CREATE DATABASE "{name}"', ()))
+    return name
+
+
+async def _drop_database(admin_url: str, name: str) -> None:
+    await _admin_execute(
+        admin_url,
+        (
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = $1 AND pid <> pg_backend_pid()",
+            (name,),
+        ),
+        (f'DROP DATABASE IF EXISTS "{name}"', ()),
+    )
+
+
+async def _run_init(env: dict[str, str], data_dir: Path) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(
+        *_bullpen_argv("init", "--json"),
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), INIT_TIMEOUT_S)
+    except TimeoutError as exc:
+        proc.kill()
+        await proc.wait()
+        raise SpawnError(f"`bullpen init` did not finish in {INIT_TIMEOUT_S:.0f} s") from exc
+    (data_dir / "init.stderr.log").write_bytes(err)
+    if proc.returncode != 0:
+        tail = err[-_TAIL_BYTES:].decode(errors="replace")
+        raise SpawnError(f"`bullpen init` exited {proc.returncode}:\n{tail}")
+    # Use the last JSON line so stray output before it does not matter.
+    for line in reversed(out.splitlines()):
+        if line.strip().startswith(b"{"):
+            try:
+                info = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(info, dict):
+                return info
+    raise SpawnError(f"`bullpen init --json` printed no JSON object: {out[-500:]!r}")
+
+
+async def _wait_ready(
+    proc: asyncio.subprocess.Process, base_url: str, stderr_path: Path, timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    timeout = aiohttp.ClientTimeout(total=2.0)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        while True:
+            if proc.returncode is not None:
+                raise SpawnError(
+                    f"server exited {proc.returncode} before it was ready:\n"
+                    + _tail(stderr_path, _TAIL_BYTES)
+                )
+            try:
+                async with session.get(f"{base_url}/healthz") as resp:
+                    if resp.status == 200:
+                        return
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            if time.monotonic() >= deadline:
+                raise SpawnError(
+                    f"server not ready at {base_url}/healthz after {timeout_s:.0f} s:\n"
+                    + _tail(stderr_path, _TAIL_BYTES)
+                )
+            await asyncio.sleep(0.1)
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def spawn_server(
+    backend: Backend,
+    *,
+    pg_admin_url: str = "postgresql://postgres@127.0.0.1:5432/test",
+    port: int | None = None,
+    env: Mapping[str, str] | None = None,
+) -> AsyncIterator[SpawnedServer]:
+    """Start a fresh server on 127.0.0.1 and yield it; tear everything down on exit."""
+    if backend not in ("sqlite", "postgres"):
+        raise ValueError(f"unknown backend {backend!r}")
+    data_dir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="bullpen-bench-"))
+    res = _Resources(data_dir, pg_admin_url)
+    try:
+        child_env = dict(os.environ)
+        child_env.pop("BULLPEN_DATABASE_URL", None)
+        child_env["BULLPEN_DATA_DIR"] = str(data_dir)
+        database_url: str | None = None
+        if backend == "postgres":
+            res.database = await _create_database(pg_admin_url)
+            database_url = _with_database(pg_admin_url, res.database, scheme="postgresql+asyncpg")
+            child_env["BULLPEN_DATABASE_URL"] = database_url
+        child_env.update(env or {})
+
+        info = await _run_init(child_env, data_dir)
+        api_key, agent_id = info.get("api_key"), info.get("agent_id")
+        if not isinstance(api_key, str) or not isinstance(agent_id, str):
+            # Name the keys only: the line also carries the first admin's password.
+            raise SpawnError(
+                "`bullpen init --json` gave no fresh api_key/agent_id (keys: "
+                f"{sorted(info)}; a reused data dir or database prints api_key null)"
+            )
+
+        port = port or _free_port()
+        base_url = f"http://127.0.0.1:{port}"
+        stderr_path = data_dir / "server.stderr.log"
+        res.stderr_file = stderr_path.open("wb")
+        res.proc = await asyncio.create_subprocess_exec(
+            *_bullpen_argv("up", "--host", "127.0.0.1", "--port", str(port), "--quiet"),
+            env=child_env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=res.stderr_file,
+        )
+        await _wait_ready(res.proc, base_url, stderr_path, READY_TIMEOUT_S)
+        yield SpawnedServer(
+            base_url=base_url,
+            api_key=api_key,
+            agent_id=agent_id,
+            pid=res.proc.pid,
+            backend=backend,
+            data_dir=data_dir,
+            stderr_path=stderr_path,
+            database_url=database_url,
+            _proc=res.proc,
+        )
+    except BaseException:
+        # Do not let a cleanup failure hide the error that got us here.
+        with contextlib.suppress(Exception):
+            await res.close()
+        raise
+    await res.close()
+
+
+@dataclass(eq=False)
+class _Resources:
+    """What `spawn_server` has acquired so far, released in reverse order."""
+
+    data_dir: Path
+    pg_admin_url: str
+    database: str | None = None
+    proc: asyncio.subprocess.Process | None = None
+    stderr_file: IO[bytes] | None = None
+
+    async def close(self) -> None:
+        try:
+            if self.proc is not None:
+                await _stop(self.proc)
+            if self.stderr_file is not None:
+                self.stderr_file.close()
+            if self.database is not None:
+                await _drop_database(self.pg_admin_url, self.database)
+                self.database = None
+        finally:
+            await asyncio.to_thread(shutil.rmtree, self.data_dir, ignore_errors=True)

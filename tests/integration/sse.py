@@ -1,0 +1,54 @@
+"""A small SSE reader for tests (the load generator has its own, tuned for speed)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+
+@dataclass
+class Event:
+    """One parsed SSE event."""
+
+    id: int
+    event: str
+    data: dict[str, Any]
+
+
+async def read_events(
+    session: aiohttp.ClientSession,
+    url: str,
+    headers: dict[str, str],
+    *,
+    stop_after: int | None = None,
+) -> list[Event]:
+    """Read a stream to its end (or `stop_after` events), returning the events."""
+    events: list[Event] = []
+    async with session.get(url, headers={**headers, "Accept": "text/event-stream"}) as resp:
+        assert resp.status == 200, await resp.text()
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        fields: dict[str, str] = {}
+        async for raw in resp.content:
+            line = raw.decode().rstrip("\n")
+            if line.startswith(":"):
+                continue
+            if line == "":
+                if fields:
+                    events.append(
+                        Event(int(fields["id"]), fields["event"], json.loads(fields["data"]))
+                    )
+                    fields = {}
+                    if stop_after is not None and len(events) >= stop_after:
+                        return events
+                continue
+            name, _, value = line.partition(": ")
+            fields[name] = value
+    return events
+
+
+def text_of(events: list[Event]) -> str:
+    """The concatenated text deltas."""
+    return "".join(e.data["text"] for e in events if e.event == "text")

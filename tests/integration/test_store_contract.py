@@ -1,0 +1,268 @@
+"""One contract suite for the store, run unchanged against SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from bullpen.domain import tokens
+from bullpen.domain.events import EventKind, RunEvent
+from bullpen.domain.principal import Role
+from bullpen.domain.status import RunStatus
+from bullpen.store import agents as agent_store
+from bullpen.store import events as event_store
+from bullpen.store import identity
+from bullpen.store import runs as run_store
+from bullpen.store import tasks as task_store
+from bullpen.store.base import Store
+from bullpen.store.runs import RunOutcome
+from bullpen.store.tables import audit_events, metadata, runs, tasks
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+LEASE = timedelta(seconds=30)
+
+
+async def _workspace_with_agent(store: Store, slug: str = "w1") -> tuple[uuid.UUID, uuid.UUID]:
+    async with store.write() as conn:
+        ws = await identity.create_workspace(conn, name=slug, slug=slug, task_key="T", now=NOW)
+        agent = await agent_store.create_agent(
+            conn,
+            workspace_id=ws,
+            name="a",
+            title="",
+            adapter="llm",
+            config={"provider": "simulated", "model": "sim-1"},
+            now=NOW,
+        )
+    return ws, agent
+
+
+async def _task(
+    store: Store, ws: uuid.UUID, agent: uuid.UUID, when: datetime = NOW
+) -> tuple[uuid.UUID, uuid.UUID]:
+    async with store.write() as conn:
+        return await task_store.insert_task_with_run(
+            conn,
+            workspace_id=ws,
+            agent_id=agent,
+            title="t",
+            prompt="p" * 10,
+            creator_user_id=None,
+            creator_key_id=None,
+            now=when,
+        )
+
+
+def _done(text: str = "ok") -> RunOutcome:
+    return RunOutcome(RunStatus.DONE, text, None, NOW, 1.0, "simulated", "sim-1", 1, 2)
+
+
+async def test_migrations_match_the_tables(store: Store) -> None:
+    def diff(sync_conn: sa.Connection) -> list[object]:
+        return list(compare_metadata(MigrationContext.configure(sync_conn), metadata))
+
+    async with store.read() as conn:
+        assert await conn.run_sync(diff) == []
+
+
+async def test_task_numbers_count_per_workspace(store: Store) -> None:
+    ws1, a1 = await _workspace_with_agent(store, "w1")
+    ws2, a2 = await _workspace_with_agent(store, "w2")
+    ids = [await _task(store, ws1, a1), await _task(store, ws1, a1), await _task(store, ws2, a2)]
+    async with store.read() as conn:
+        numbers = [
+            (await task_store.get_task(conn, ws, t)).number
+            for ws, (t, _) in zip([ws1, ws1, ws2], ids, strict=True)
+        ]
+    assert numbers == [1, 2, 1]
+
+
+async def test_concurrent_task_creation_gets_distinct_numbers(store: Store) -> None:
+    ws, agent = await _workspace_with_agent(store)
+    await asyncio.gather(*(_task(store, ws, agent) for _ in range(20)))
+    async with store.read() as conn:
+        numbers = sorted((await conn.execute(sa.select(tasks.c.number))).scalars())
+    assert numbers == list(range(1, 21))
+
+
+async def test_another_workspace_cannot_read_a_task_or_agent(store: Store) -> None:
+    ws1, a1 = await _workspace_with_agent(store, "w1")
+    ws2, _ = await _workspace_with_agent(store, "w2")
+    task_id, _ = await _task(store, ws1, a1)
+    async with store.read() as conn:
+        assert await task_store.get_task(conn, ws1, task_id) is not None
+        assert await task_store.get_task(conn, ws2, task_id) is None
+        assert await agent_store.get_agent(conn, ws2, a1) is None
+
+
+async def test_claim_takes_oldest_first_and_marks_task_running(store: Store) -> None:
+    ws, agent = await _workspace_with_agent(store)
+    older, _ = await _task(store, ws, agent, NOW)
+    await _task(store, ws, agent, NOW + timedelta(seconds=1))
+    async with store.write() as conn:
+        claimed = await run_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)
+    assert [c.task_id for c in claimed] == [older]
+    assert claimed[0].attempt == 1 and claimed[0].agent_adapter == "llm"
+    async with store.read() as conn:
+        status = (
+            await conn.execute(sa.select(tasks.c.status).where(tasks.c.id == older))
+        ).scalar_one()
+    assert status == "running"
+
+
+async def test_concurrent_claimers_never_share_a_run(store: Store) -> None:
+    ws, agent = await _workspace_with_agent(store)
+    for _ in range(40):
+        await _task(store, ws, agent)
+
+    async def claimer(name: str) -> list[uuid.UUID]:
+        got: list[uuid.UUID] = []
+        while True:
+            async with store.write() as conn:
+                batch = await run_store.claim(conn, owner=name, limit=3, now=NOW, lease=LEASE)
+            if not batch:
+                return got
+            got.extend(c.id for c in batch)
+
+    results = await asyncio.gather(*(claimer(f"w{i}") for i in range(4)))
+    claimed = [rid for r in results for rid in r]
+    assert len(claimed) == 40 and len(set(claimed)) == 40
+
+
+async def test_finish_is_fenced_by_attempt_and_state(store: Store) -> None:
+    ws, agent = await _workspace_with_agent(store)
+    task_id, run_id = await _task(store, ws, agent)
+    async with store.write() as conn:
+        (claimed,) = await run_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)
+    async with store.write() as conn:
+        assert not await run_store.finish(
+            conn, run_id=run_id, attempt=claimed.attempt + 1, outcome=_done(), now=NOW
+        )
+        assert await run_store.finish(
+            conn, run_id=run_id, attempt=claimed.attempt, outcome=_done("result"), now=NOW
+        )
+    async with store.write() as conn:  # a second finish of the same attempt is refused too
+        assert not await run_store.finish(
+            conn, run_id=run_id, attempt=claimed.attempt, outcome=_done("again"), now=NOW
+        )
+    async with store.read() as conn:
+        task = await task_store.get_task(conn, ws, task_id)
+        run = await run_store.get_run(conn, ws, run_id)
+    assert (task.status, task.result) == ("done", "result")
+    assert (run.status, run.provider, run.output_tokens) == ("done", "simulated", 2)
+
+
+async def test_expired_leases_are_requeued_and_renewed_ones_are_not(store: Store) -> None:
+    ws, agent = await _workspace_with_agent(store)
+    await _task(store, ws, agent)
+    await _task(store, ws, agent)
+    async with store.write() as conn:
+        a, b = await run_store.claim(conn, owner="w", limit=2, now=NOW, lease=LEASE)
+        await run_store.renew(conn, owner="w", run_ids=[a.id], now=NOW + LEASE, lease=LEASE)
+        assert await run_store.requeue_expired(conn, now=NOW + LEASE + timedelta(seconds=1)) == 1
+    async with store.write() as conn:
+        (again,) = await run_store.claim(conn, owner="w2", limit=5, now=NOW, lease=LEASE)
+    assert again.id == b.id and again.attempt == 2
+
+
+async def test_events_are_unique_per_seq_and_read_in_order(store: Store) -> None:
+    ws, agent = await _workspace_with_agent(store)
+    task_id, run_id = await _task(store, ws, agent)
+    evs = [RunEvent(run_id, task_id, seq, EventKind.TEXT, {"text": str(seq)}) for seq in (3, 1, 2)]
+    async with store.write() as conn:
+        await event_store.append(conn, evs, [ws] * 3, NOW)
+    async with store.read() as conn:
+        got = await event_store.after(conn, run_id=run_id, after_seq=1, limit=10)
+        assert await event_store.last_seq(conn, run_id) == 3
+        assert await event_store.latest_run_id(conn, task_id) == run_id
+    assert [e.seq for e in got] == [2, 3] and got[0].data == {"text": "2"}
+    with pytest.raises(sa.exc.IntegrityError):
+        async with store.write() as conn:
+            await event_store.append(conn, evs[:1], [ws], NOW)
+
+
+async def test_api_key_lookup_by_digest_respects_owner_state(store: Store) -> None:
+    ws, _ = await _workspace_with_agent(store)
+    secret = b"s" * 32
+    key = tokens.new_api_key()
+    async with store.write() as conn:
+        user = await identity.create_user(
+            conn, email="A@x.io", name="a", password_hash="h", is_instance_admin=False, now=NOW
+        )
+        await identity.add_member(conn, workspace_id=ws, user_id=user, role=Role.VIEWER, now=NOW)
+        key_id = await identity.create_api_key(
+            conn,
+            workspace_id=ws,
+            user_id=user,
+            name="k",
+            prefix=tokens.visible_prefix(key),
+            digest=tokens.digest(secret, key),
+            scopes=["*"],
+            now=NOW,
+        )
+    async with store.read() as conn:
+        record = await identity.find_api_key(conn, tokens.digest(secret, key))
+        assert await identity.find_api_key(conn, tokens.digest(secret, key + "x")) is None
+    assert record is not None and record.id == key_id and record.role is Role.VIEWER
+    async with store.write() as conn:
+        await conn.execute(sa.text("UPDATE users SET disabled_at = created_at"))
+    async with store.read() as conn:
+        assert await identity.find_api_key(conn, tokens.digest(secret, key)) is None
+
+
+async def test_a_failed_transaction_leaves_nothing_behind(store: Store) -> None:
+    ws, agent = await _workspace_with_agent(store)
+    with pytest.raises(RuntimeError):
+        async with store.write() as conn:
+            await task_store.insert_task_with_run(
+                conn,
+                workspace_id=ws,
+                agent_id=agent,
+                title="t",
+                prompt="p" * 10,
+                creator_user_id=None,
+                creator_key_id=None,
+                now=NOW,
+            )
+            raise RuntimeError("boom")
+    async with store.read() as conn:
+        counts = [
+            (await conn.execute(sa.select(sa.func.count()).select_from(t))).scalar_one()
+            for t in (tasks, runs, audit_events)
+        ]
+    assert counts == [0, 0, 0]
+
+
+async def test_unreachable_database_maps_to_unavailable(store: Store) -> None:
+    from bullpen.errors import Unavailable
+
+    await store.close()
+    store.engine.pool._creator = _refuse  # type: ignore[attr-defined]  # simulate an outage
+    with pytest.raises(Unavailable):
+        async with store.read() as conn:
+            await conn.execute(sa.text("SELECT 1"))
+
+
+def _refuse(*_a: object, **_k: object) -> object:
+    raise ConnectionRefusedError("database is down")
+
+
+@pytest.mark.parametrize("status", [RunStatus.FAILED, RunStatus.CANCELLED])
+async def test_terminal_outcomes_reach_the_task(store: Store, status: RunStatus) -> None:
+    ws, agent = await _workspace_with_agent(store)
+    task_id, run_id = await _task(store, ws, agent)
+    async with store.write() as conn:
+        (c,) = await run_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)
+        outcome = RunOutcome(status, None, "why", None, None, None, None, None, None)
+        assert await run_store.finish(
+            conn, run_id=run_id, attempt=c.attempt, outcome=outcome, now=NOW
+        )
+    async with store.read() as conn:
+        task = await task_store.get_task(conn, ws, task_id)
+    assert (task.status, task.error) == (status.value, "why")
