@@ -71,7 +71,9 @@ async def build(
         secret = load_secret(settings.secret_key, settings.data_dir)
         providers = ProviderRegistry()
         simulator: SimulatedProvider | None = None
-        if settings.sim_enabled:
+        if settings.sim_url:
+            providers.register(Provider(SIMULATED_PROVIDER, settings.sim_url))
+        elif settings.sim_enabled:
             simulator = await stack.enter_async_context(
                 SimulatedProvider(
                     SimConfig(

@@ -152,9 +152,15 @@ def init(
 def sim_provider(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 9100,
     host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
-    ttft_ms: Annotated[float, typer.Option(help="Time to first token, ms.")] = 380.0,
-    tokens_per_second: Annotated[float, typer.Option(help="Streaming rate.")] = 50.0,
-    response_tokens: Annotated[int, typer.Option(help="Tokens per response.")] = 64,
+    ttft_ms: Annotated[
+        float, typer.Option(help="Time to first token, ms.", envvar="BULLPEN_SIM_TTFT_MS")
+    ] = 380.0,
+    tokens_per_second: Annotated[
+        float, typer.Option(help="Streaming rate.", envvar="BULLPEN_SIM_TOKENS_PER_SECOND")
+    ] = 50.0,
+    response_tokens: Annotated[
+        int, typer.Option(help="Tokens per response.", envvar="BULLPEN_SIM_RESPONSE_TOKENS")
+    ] = 64,
     model: Annotated[list[str] | None, typer.Option(help="Model names served.")] = None,
 ) -> None:
     """Run the simulated OpenAI-compatible provider on its own."""
@@ -193,6 +199,9 @@ def bench(
     peak: Annotated[int, typer.Option(help="Virtual users at the peak stage.")] = 80,
     hold: Annotated[int, typer.Option(help="Virtual users at the first hold stage.")] = 50,
     think: Annotated[float, typer.Option(help="Seconds each user waits between tasks.")] = 1.0,
+    sim: Annotated[
+        str, typer.Option(help="Simulator placement: process (own process) or inprocess.")
+    ] = "process",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON, no progress bar.")] = False,
 ) -> None:
     """The reference scenario as a load test: create, stream to the end, think; ramp to 80."""
@@ -203,6 +212,8 @@ def bench(
 
     if backend not in ("sqlite", "postgres"):
         raise typer.BadParameter("--backend must be sqlite or postgres")
+    if sim not in ("process", "inprocess"):
+        raise typer.BadParameter("--sim must be process or inprocess")
     if url is not None and (api_key is None or agent_id is None):
         raise typer.BadParameter("--url needs --api-key and --agent-id")
     if think < 0 or peak < 1 or hold < 1:
@@ -220,7 +231,7 @@ def bench(
                 result = await run_load(
                     base_url, key, agent, stages, think_s=think, on_tick=progress.update
                 )
-            Console().print(render_table(result))
+            Console(width=max(Console().width, 150)).print(render_table(result))
         return to_json(result)
 
     async def run() -> dict[str, Any]:
@@ -229,9 +240,10 @@ def bench(
             report = await measure(url.rstrip("/"), api_key, agent_id)
             report["backend"] = "external"
             return report
-        async with spawn_server(backend, pg_admin_url=pg_url) as server:  # type: ignore[arg-type]
+        async with spawn_server(backend, pg_admin_url=pg_url, sim=sim) as server:  # type: ignore[arg-type]
             report = await measure(server.base_url, server.api_key, server.agent_id)
         report["backend"] = backend
+        report["simulator"] = sim
         return report
 
     report = uvloop.run(run())

@@ -44,6 +44,7 @@ class Settings(BaseSettings):
 
     # Built-in simulated provider for `bullpen up`.
     sim_enabled: bool = True
+    sim_url: str | None = None  # use a simulator already running there instead of starting one
     sim_ttft_ms: float = Field(default=380.0, ge=0)
     sim_tokens_per_second: float = Field(default=50.0, gt=0)
     sim_response_tokens: int = Field(default=64, ge=1)

@@ -32,6 +32,7 @@ from bullpen.errors import BullpenError
 __all__ = ["SpawnError", "SpawnedServer", "spawn_server"]
 
 Backend = Literal["sqlite", "postgres"]
+SimPlacement = Literal["process", "inprocess"]
 
 READY_TIMEOUT_S = 30.0
 INIT_TIMEOUT_S = 120.0
@@ -162,7 +163,11 @@ async def _run_init(env: dict[str, str], data_dir: Path) -> dict[str, Any]:
 
 
 async def _wait_ready(
-    proc: asyncio.subprocess.Process, base_url: str, stderr_path: Path, timeout_s: float
+    proc: asyncio.subprocess.Process,
+    base_url: str,
+    stderr_path: Path,
+    timeout_s: float,
+    path: str = "/healthz",
 ) -> None:
     deadline = time.monotonic() + timeout_s
     timeout = aiohttp.ClientTimeout(total=2.0)
@@ -174,14 +179,14 @@ async def _wait_ready(
                     + _tail(stderr_path, _TAIL_BYTES)
                 )
             try:
-                async with session.get(f"{base_url}/healthz") as resp:
+                async with session.get(f"{base_url}{path}") as resp:
                     if resp.status == 200:
                         return
             except (aiohttp.ClientError, TimeoutError):
                 pass
             if time.monotonic() >= deadline:
                 raise SpawnError(
-                    f"server not ready at {base_url}/healthz after {timeout_s:.0f} s:\n"
+                    f"server not ready at {base_url}{path} after {timeout_s:.0f} s:\n"
                     + _tail(stderr_path, _TAIL_BYTES)
                 )
             await asyncio.sleep(0.1)
@@ -207,8 +212,15 @@ async def spawn_server(
     pg_admin_url: str = "postgresql://postgres@127.0.0.1:5432/test",
     port: int | None = None,
     env: Mapping[str, str] | None = None,
+    sim: SimPlacement = "process",
 ) -> AsyncIterator[SpawnedServer]:
-    """Start a fresh server on 127.0.0.1 and yield it; tear everything down on exit."""
+    """Start a fresh server on 127.0.0.1 and yield it; tear everything down on exit.
+
+    With `sim="process"` the simulated provider runs as its own process (as a real provider
+    would be elsewhere), so the server's figures do not include the simulator's CPU.
+    """
+    if sim not in ("process", "inprocess"):
+        raise ValueError(f"unknown simulator placement {sim!r}")
     if backend not in ("sqlite", "postgres"):
         raise ValueError(f"unknown backend {backend!r}")
     data_dir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="bullpen-bench-"))
@@ -223,6 +235,21 @@ async def spawn_server(
             database_url = _with_database(pg_admin_url, res.database, scheme="postgresql+asyncpg")
             child_env["BULLPEN_DATABASE_URL"] = database_url
         child_env.update(env or {})
+        if sim == "process":
+            sim_port = _free_port()
+            res.sim_stderr = (data_dir / "sim.stderr.log").open("wb")
+            res.sim_proc = await asyncio.create_subprocess_exec(
+                *_bullpen_argv("sim-provider", "--host", "127.0.0.1", "--port", str(sim_port)),
+                env=child_env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=res.sim_stderr,
+            )
+            sim_url = f"http://127.0.0.1:{sim_port}/v1"
+            await _wait_ready(
+                res.sim_proc, sim_url, data_dir / "sim.stderr.log", READY_TIMEOUT_S, "/models"
+            )
+            child_env["BULLPEN_SIM_URL"] = sim_url
 
         info = await _run_init(child_env, data_dir)
         api_key, agent_id = info.get("api_key"), info.get("agent_id")
@@ -273,6 +300,8 @@ class _Resources:
     database: str | None = None
     proc: asyncio.subprocess.Process | None = None
     stderr_file: IO[bytes] | None = None
+    sim_proc: asyncio.subprocess.Process | None = None
+    sim_stderr: IO[bytes] | None = None
 
     async def close(self) -> None:
         try:
@@ -280,6 +309,10 @@ class _Resources:
                 await _stop(self.proc)
             if self.stderr_file is not None:
                 self.stderr_file.close()
+            if self.sim_proc is not None:
+                await _stop(self.sim_proc)
+            if self.sim_stderr is not None:
+                self.sim_stderr.close()
             if self.database is not None:
                 await _drop_database(self.pg_admin_url, self.database)
                 self.database = None

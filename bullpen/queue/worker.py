@@ -90,13 +90,16 @@ class Worker:
             if free > 0:
                 try:
                     async with self._store.write() as conn:
-                        claimed = await run_store.claim(
+                        claims = await run_store.claim(
                             conn,
                             owner=self.owner,
                             limit=min(free, _CLAIM_BATCH),
                             now=self._clock(),
                             lease=self._lease,
                         )
+                    if claims:
+                        async with self._store.read() as conn:
+                            claimed = await run_store.load_claimed(conn, claims)
                 except BullpenError as err:
                     log.warning("claim failed: %s", err.detail)
             for run in claimed:

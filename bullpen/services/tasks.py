@@ -38,14 +38,16 @@ class TaskService:
         """Create a task and enqueue its run in one transaction; returns the stored task."""
         if not principal.can_write:
             raise Forbidden("viewers cannot create tasks")
-        now = self._clock()
-        async with self._store.write() as conn:
+        async with self._store.read() as conn:
             agent = await agent_store.get_agent(conn, principal.workspace_id, agent_id)
-            if agent is None:
-                raise NotFound("no such agent in this workspace")
-            if agent.status != "active":
-                raise Forbidden(f"agent {agent.name!r} is {agent.status}")
-            task_id, run_id = await task_store.insert_task_with_run(
+        if agent is None:
+            raise NotFound("no such agent in this workspace")
+        if agent.status != "active":
+            raise Forbidden(f"agent {agent.name!r} is {agent.status}")
+        now = self._clock()
+        # The agent row is not locked: a concurrent delete fails the foreign key instead.
+        async with self._store.write() as conn:
+            task, run = await task_store.insert_task_with_run(
                 conn,
                 workspace_id=principal.workspace_id,
                 agent_id=agent_id,
@@ -62,14 +64,12 @@ class TaskService:
                 actor_id=principal.actor_id,
                 action="task.create",
                 target_type="task",
-                target_id=task_id,
+                target_id=task.id,
                 now=now,
-                data={"agent_id": str(agent_id), "run_id": str(run_id)},
+                data={"agent_id": str(agent_id), "run_id": str(run.id)},
             )
-            task = await task_store.get_task(conn, principal.workspace_id, task_id)
-            run_rows = await task_store.runs_for_tasks(conn, [task_id])
         self._on_enqueued()
-        return task, run_rows.get(task_id)
+        return task, run
 
     async def get(self, principal: Principal, task_id: UUID) -> tuple[Any, Any]:
         """The task and its latest run; another workspace's task is NotFound."""

@@ -43,9 +43,17 @@ class RunOutcome:
     output_tokens: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A run just taken by a worker: its id and the attempt that fences its writes."""
+
+    id: UUID
+    attempt: int
+
+
 async def claim(
     conn: AsyncConnection, *, owner: str, limit: int, now: datetime, lease: timedelta
-) -> list[ClaimedRun]:
+) -> list[Claim]:
     """Take up to `limit` queued runs, oldest first, and mark them running under a lease."""
     # A materialized CTE: as a plain subquery PostgreSQL may re-run the LIMIT per row.
     candidates = (
@@ -61,7 +69,8 @@ async def claim(
         await conn.execute(
             runs.update()
             .where(
-                runs.c.id.in_(sa.select(candidates.c.id)), runs.c.status == RunStatus.QUEUED.value
+                runs.c.id.in_(sa.select(candidates.c.id)),
+                runs.c.status == RunStatus.QUEUED.value,
             )
             .values(
                 status=RunStatus.RUNNING.value,
@@ -75,20 +84,28 @@ async def claim(
     )
     if not claimed:
         return []
-    ids = [row.id for row in claimed]
-    task_ids = [row.task_id for row in claimed]
     await conn.execute(
         tasks.update()
-        .where(tasks.c.id.in_(task_ids), tasks.c.status == TaskStatus.QUEUED.value)
+        .where(
+            tasks.c.id.in_([row.task_id for row in claimed]),
+            tasks.c.status == TaskStatus.QUEUED.value,
+        )
         .values(status=TaskStatus.RUNNING.value, updated_at=now)
     )
+    return [Claim(row.id, row.attempt) for row in claimed]
+
+
+async def load_claimed(conn: AsyncConnection, claims: list[Claim]) -> list[ClaimedRun]:
+    """What executing the claimed runs needs (read after the claim commits)."""
+    if not claims:
+        return []
+    attempts = {c.id: c.attempt for c in claims}
     details = await conn.execute(
         sa.select(
             runs.c.id,
             runs.c.task_id,
             runs.c.workspace_id,
             runs.c.agent_id,
-            runs.c.attempt,
             tasks.c.prompt,
             agents.c.adapter,
             agents.c.config,
@@ -98,7 +115,7 @@ async def claim(
                 agents, agents.c.id == runs.c.agent_id
             )
         )
-        .where(runs.c.id.in_(ids))
+        .where(runs.c.id.in_(list(attempts)))
     )
     return [
         ClaimedRun(
@@ -106,7 +123,7 @@ async def claim(
             task_id=row.task_id,
             workspace_id=row.workspace_id,
             agent_id=row.agent_id,
-            attempt=row.attempt,
+            attempt=attempts[row.id],
             prompt=row.prompt,
             agent_adapter=row.adapter,
             agent_config=dict(row.config),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 from uuid import UUID
 
@@ -26,15 +27,17 @@ class TaskPage:
 _TASK_COLUMNS = [*tasks.c, workspaces.c.task_key]
 
 
-async def next_task_number(conn: AsyncConnection, workspace_id: UUID) -> int:
-    """Reserve the workspace's next task number (row lock until commit on PostgreSQL)."""
-    result = await conn.execute(
-        workspaces.update()
-        .where(workspaces.c.id == workspace_id)
-        .values(task_counter=workspaces.c.task_counter + 1)
-        .returning(workspaces.c.task_counter)
-    )
-    return int(result.scalar_one())
+async def next_task_number(conn: AsyncConnection, workspace_id: UUID) -> tuple[int, str]:
+    """Reserve the workspace's next task number and return it with the workspace's task key."""
+    row = (
+        await conn.execute(
+            workspaces.update()
+            .where(workspaces.c.id == workspace_id)
+            .values(task_counter=workspaces.c.task_counter + 1)
+            .returning(workspaces.c.task_counter, workspaces.c.task_key)
+        )
+    ).one()
+    return int(row.task_counter), str(row.task_key)
 
 
 async def insert_task_with_run(
@@ -47,38 +50,38 @@ async def insert_task_with_run(
     creator_user_id: UUID | None,
     creator_key_id: UUID | None,
     now: datetime,
-) -> tuple[UUID, UUID]:
-    """Create a queued task and its queued run; returns (task id, run id)."""
-    task_id, run_id = uuid.uuid4(), uuid.uuid4()
-    number = await next_task_number(conn, workspace_id)
-    await conn.execute(
-        tasks.insert().values(
-            id=task_id,
-            workspace_id=workspace_id,
-            number=number,
-            title=title,
-            prompt=prompt,
-            agent_id=agent_id,
-            creator_user_id=creator_user_id,
-            creator_key_id=creator_key_id,
-            status=TaskStatus.QUEUED.value,
-            priority=0,
-            created_at=now,
-            updated_at=now,
-        )
-    )
-    await conn.execute(
-        runs.insert().values(
-            id=run_id,
-            workspace_id=workspace_id,
-            task_id=task_id,
-            agent_id=agent_id,
-            status=RunStatus.QUEUED.value,
-            attempt=0,
-            queued_at=now,
-        )
-    )
-    return task_id, run_id
+) -> tuple[SimpleNamespace, SimpleNamespace]:
+    """Create a queued task and its queued run; returns both as stored (no read-back)."""
+    number, task_key = await next_task_number(conn, workspace_id)
+    task = {
+        "id": uuid.uuid4(),
+        "workspace_id": workspace_id,
+        "number": number,
+        "title": title,
+        "prompt": prompt,
+        "agent_id": agent_id,
+        "creator_user_id": creator_user_id,
+        "creator_key_id": creator_key_id,
+        "status": TaskStatus.QUEUED.value,
+        "priority": 0,
+        "result": None,
+        "error": None,
+        "created_at": now,
+        "updated_at": now,
+    }
+    run = {
+        "id": uuid.uuid4(),
+        "workspace_id": workspace_id,
+        "task_id": task["id"],
+        "agent_id": agent_id,
+        "status": RunStatus.QUEUED.value,
+        "attempt": 0,
+        "queued_at": now,
+    }
+    await conn.execute(tasks.insert().values(**task))
+    await conn.execute(runs.insert().values(**run))
+    empty_run = {c.name: None for c in runs.c}
+    return SimpleNamespace(**task, task_key=task_key), SimpleNamespace(**{**empty_run, **run})
 
 
 async def get_task(conn: AsyncConnection, workspace_id: UUID, task_id: UUID) -> Any | None:

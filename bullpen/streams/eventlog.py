@@ -36,12 +36,16 @@ class RunWriter:
         self.committed_seq = last_seq
         self._text: list[str] = []
         self._ready: list[RunEvent] = []
+        self._streamed = False
 
     def text(self, delta: str) -> None:
         """Append a text delta; consecutive deltas become one event per flush window."""
         if delta:
+            # The first text of a run skips the coalescing window: time to first token counts.
+            urgent = not self._text and not self._streamed
+            self._streamed = True
             self._text.append(delta)
-            self._log.mark_dirty(self)
+            self._log.mark_dirty(self, urgent=urgent)
 
     def emit(self, kind: EventKind, data: dict[str, Any]) -> None:
         """Append a non-text event after any pending text."""
@@ -95,15 +99,17 @@ class EventLog:
         self._cycle: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._task: asyncio.Task[None] | None = None
         self._committing: frozenset[RunWriter] = frozenset()
+        self._urgent = False
         self.commits = 0
 
     def writer(self, run_id: UUID, task_id: UUID, workspace_id: UUID, last_seq: int) -> RunWriter:
         """A writer for one run attempt, continuing after `last_seq`."""
         return RunWriter(self, run_id, task_id, workspace_id, last_seq)
 
-    def mark_dirty(self, writer: RunWriter) -> None:
-        """Note that a writer has events to commit."""
+    def mark_dirty(self, writer: RunWriter, *, urgent: bool = False) -> None:
+        """Note that a writer has events to commit; `urgent` skips the coalescing wait."""
         self._dirty.add(writer)
+        self._urgent = self._urgent or urgent
         self._wake.set()
 
     async def flush(self, writer: RunWriter) -> None:
@@ -153,8 +159,9 @@ class EventLog:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if self._coalesce_s:
+            if self._coalesce_s and not self._urgent:
                 await asyncio.sleep(self._coalesce_s)
+            self._urgent = False
             try:
                 await self._commit_once()
             except BullpenError as err:

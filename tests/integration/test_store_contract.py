@@ -47,7 +47,7 @@ async def _task(
     store: Store, ws: uuid.UUID, agent: uuid.UUID, when: datetime = NOW
 ) -> tuple[uuid.UUID, uuid.UUID]:
     async with store.write() as conn:
-        return await task_store.insert_task_with_run(
+        task, run = await task_store.insert_task_with_run(
             conn,
             workspace_id=ws,
             agent_id=agent,
@@ -57,6 +57,7 @@ async def _task(
             creator_key_id=None,
             now=when,
         )
+    return task.id, run.id
 
 
 def _done(text: str = "ok") -> RunOutcome:
@@ -106,7 +107,9 @@ async def test_claim_takes_oldest_first_and_marks_task_running(store: Store) -> 
     older, _ = await _task(store, ws, agent, NOW)
     await _task(store, ws, agent, NOW + timedelta(seconds=1))
     async with store.write() as conn:
-        claimed = await run_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)
+        claims = await run_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)
+    async with store.read() as conn:
+        claimed = await run_store.load_claimed(conn, claims)
     assert [c.task_id for c in claimed] == [older]
     assert claimed[0].attempt == 1 and claimed[0].agent_adapter == "llm"
     async with store.read() as conn:

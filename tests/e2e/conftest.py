@@ -1,0 +1,126 @@
+"""Browser fixtures: Debian's Chromium driven by Playwright's async API in the test's loop."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from playwright.async_api import Browser, BrowserContext, ConsoleMessage, Page, async_playwright
+from playwright.async_api import Error as PlaywrightError
+
+from bullpen.settings import Settings
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+# Short enough that a broken page fails fast, long enough for a loaded CI machine.
+TIMEOUT_MS = 10_000
+
+# Records every CSP violation the page reports, including ones Chromium does not log.
+_CSP_PROBE = """
+window.__cspViolations = [];
+document.addEventListener("securitypolicyviolation", (e) => {
+  window.__cspViolations.push(e.violatedDirective + " " + (e.blockedURI || "inline"));
+});
+"""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register this folder's marker."""
+    config.addinivalue_line(
+        "markers", "with_settings(**fields): run the server with these Settings fields changed"
+    )
+
+
+@pytest.fixture
+def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """The shared settings, changed by the test's `with_settings` marker if it has one."""
+    marker = request.node.get_closest_marker("with_settings")
+    if marker is None:
+        return settings
+    unknown = set(marker.kwargs) - set(Settings.model_fields)
+    if unknown:
+        raise pytest.UsageError(f"with_settings: unknown Settings fields {sorted(unknown)}")
+    # model_validate checks the new values and, unlike Settings(...), reads no environment.
+    return Settings.model_validate({**settings.model_dump(), **marker.kwargs})
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    """A headless Chromium for this test (the loop is per test, so the browser is too)."""
+    async with async_playwright() as pw:
+        launched = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+ContextFactory = Callable[[], Awaitable[BrowserContext]]
+
+
+@pytest.fixture
+async def new_context(browser: Browser, server: Any) -> AsyncIterator[ContextFactory]:
+    """Opens fresh cookie jars pointed at the test's server; all closed at teardown."""
+    opened: list[BrowserContext] = []
+
+    async def open_one() -> BrowserContext:
+        ctx = await browser.new_context(base_url=server.base_url)
+        opened.append(ctx)
+        ctx.set_default_timeout(TIMEOUT_MS)
+        await ctx.add_init_script(_CSP_PROBE)
+        return ctx
+
+    try:
+        yield open_one
+    finally:
+        for ctx in opened:
+            await ctx.close()
+
+
+@pytest.fixture
+async def context(new_context: ContextFactory) -> BrowserContext:
+    """The test's main cookie jar."""
+    return await new_context()
+
+
+@dataclass
+class PageErrors:
+    """What went wrong inside the page: console errors and uncaught exceptions."""
+
+    console: list[str] = field(default_factory=list)
+    uncaught: list[str] = field(default_factory=list)
+
+    def on_console(self, message: ConsoleMessage) -> None:
+        """Keep console messages of type error."""
+        if message.type == "error":
+            self.console.append(f"{message.text} ({message.location.get('url', '')})")
+
+    def on_pageerror(self, error: PlaywrightError) -> None:
+        """Keep uncaught exceptions."""
+        self.uncaught.append(str(error))
+
+
+@pytest.fixture
+async def page_errors() -> PageErrors:
+    """The errors `page` collected so far."""
+    return PageErrors()
+
+
+@pytest.fixture
+async def page(context: BrowserContext, page_errors: PageErrors) -> Page:
+    """A tab in `context` whose console errors and uncaught exceptions are recorded."""
+    tab = await context.new_page()
+    tab.on("console", page_errors.on_console)
+    tab.on("pageerror", page_errors.on_pageerror)
+    return tab
