@@ -117,7 +117,8 @@ class Worker:
 
     def _done(self, run_id: UUID, _task: asyncio.Task[None]) -> None:
         self._inflight.pop(run_id, None)
-        self._wake.set()  # a slot freed up
+        if len(self._inflight) == self._concurrency - 1:
+            self._wake.set()  # the worker was full: queued runs may be waiting for this slot
 
     async def _lease_loop(self) -> None:
         interval = self._lease.total_seconds() / 3
