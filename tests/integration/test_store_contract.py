@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bullpen.domain import tokens
 from bullpen.domain.events import EventKind, RunEvent
@@ -47,17 +49,21 @@ async def _task(
     store: Store, ws: uuid.UUID, agent: uuid.UUID, when: datetime = NOW
 ) -> tuple[uuid.UUID, uuid.UUID]:
     async with store.write() as conn:
-        task, run = await task_store.insert_task_with_run(
-            conn,
-            workspace_id=ws,
-            agent_id=agent,
-            title="t",
-            prompt="p" * 10,
-            creator_user_id=None,
-            creator_key_id=None,
-            now=when,
-        )
+        task, run = await _insert(conn, ws, agent, when)
     return task.id, run.id
+
+
+async def _insert(conn: AsyncConnection, ws: uuid.UUID, agent: uuid.UUID, when: datetime) -> Any:
+    return await task_store.insert_task_with_run(
+        conn,
+        workspace_id=ws,
+        agent_id=agent,
+        title="t",
+        prompt="p" * 10,
+        creator_user_id=None,
+        creator_key_id=None,
+        now=when,
+    )
 
 
 def _done(text: str = "ok") -> RunOutcome:
@@ -223,16 +229,7 @@ async def test_a_failed_transaction_leaves_nothing_behind(store: Store) -> None:
     ws, agent = await _workspace_with_agent(store)
     with pytest.raises(RuntimeError):
         async with store.write() as conn:
-            await task_store.insert_task_with_run(
-                conn,
-                workspace_id=ws,
-                agent_id=agent,
-                title="t",
-                prompt="p" * 10,
-                creator_user_id=None,
-                creator_key_id=None,
-                now=NOW,
-            )
+            await _insert(conn, ws, agent, NOW)
             raise RuntimeError("boom")
     async with store.read() as conn:
         counts = [

@@ -1,0 +1,92 @@
+"""The commands a new user runs: `bullpen up` prints a curl line that streams; restarts reuse."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _env(data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BULLPEN_")}
+    env.update(
+        BULLPEN_DATA_DIR=str(data_dir),
+        BULLPEN_SIM_TTFT_MS="20",
+        BULLPEN_SIM_TOKENS_PER_SECOND="500",
+    )
+    return env
+
+
+def _bullpen(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bullpen", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_init_is_idempotent_and_shows_secrets_once(tmp_path: Path) -> None:
+    env = _env(tmp_path / "data")
+    first = json.loads(_bullpen("init", "--json", env=env).stdout)
+    second = json.loads(_bullpen("init", "--json", env=env).stdout)
+    assert first["created"] and first["api_key"].startswith("bp_") and first["password"]
+    assert not second["created"] and second["api_key"] is None and second["password"] is None
+    assert second["agent_id"] == first["agent_id"]
+    assert second["workspace_id"] == first["workspace_id"]
+    migrated = _bullpen("migrate", env=env)
+    assert migrated.returncode == 0, migrated.stderr
+    assert oct((tmp_path / "data" / "secret.key").stat().st_mode & 0o777) == "0o600"
+
+
+def test_the_printed_curl_line_streams_a_completion(tmp_path: Path) -> None:
+    port = _free_port()
+    env = _env(tmp_path / "data")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bullpen", "up", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        curl_line = proc.stdout.readline().strip()
+        assert curl_line.startswith("curl ") and f"127.0.0.1:{port}" in curl_line
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    pytest.fail("server did not start")
+                time.sleep(0.1)
+        streamed = subprocess.run(
+            ["bash", "-c", curl_line], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+        assert "event: text" in streamed
+        assert streamed.rstrip().endswith('data: {"status":"done"}')
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=20)
+    # uvicorn re-raises SIGTERM after a clean shutdown, so -15 is a clean exit too.
+    assert proc.returncode in (0, -signal.SIGTERM), stderr[-2000:]
+    assert "Application shutdown complete" in stderr
+    assert "bp_" not in stderr.split("Create a task")[-1]  # the key appears only in the banner
