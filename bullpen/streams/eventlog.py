@@ -168,16 +168,24 @@ class EventLog:
                 log.warning("event commit failed, retrying: %s", err.detail)
                 await asyncio.sleep(0.5)
                 self._wake.set()
+            except Exception:
+                # Keep the flusher alive whatever happens: every live stream depends on it.
+                log.exception("event commit failed unexpectedly, retrying")
+                await asyncio.sleep(0.5)
+                self._wake.set()
 
     async def _commit_once(self) -> None:
         writers, self._dirty = self._dirty, set()
         self._committing = frozenset(writers)
         batch: list[RunEvent] = []
         owners: list[UUID] = []
+        drained_upto: dict[RunWriter, int] = {}
         done, self._cycle = self._cycle, asyncio.get_running_loop().create_future()
         try:
             for writer in writers:
                 events = writer.drain()
+                if events:
+                    drained_upto[writer] = events[-1].seq
                 batch.extend(events)
                 owners.extend([writer.workspace_id] * len(events))
             if batch:
@@ -188,11 +196,8 @@ class EventLog:
                     self._requeue(writers, batch)
                     raise
                 self.commits += 1
-                for writer in writers:
-                    writer.committed_seq = max(
-                        (e.seq for e in batch if e.run_id == writer.run_id),
-                        default=writer.committed_seq,
-                    )
+                for writer, seq in drained_upto.items():
+                    writer.committed_seq = seq
                 self._bus.publish(batch)
         finally:
             self._committing = frozenset()
