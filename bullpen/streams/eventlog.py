@@ -164,13 +164,12 @@ class EventLog:
             self._urgent = False
             try:
                 await self._commit_once()
-            except BullpenError as err:
-                log.warning("event commit failed, retrying: %s", err.detail)
-                await asyncio.sleep(0.5)
-                self._wake.set()
-            except Exception:
+            except Exception as err:
                 # Keep the flusher alive whatever happens: every live stream depends on it.
-                log.exception("event commit failed unexpectedly, retrying")
+                if isinstance(err, BullpenError):
+                    log.warning("event commit failed, retrying: %s", err.detail)
+                else:
+                    log.exception("event commit failed unexpectedly, retrying")
                 await asyncio.sleep(0.5)
                 self._wake.set()
 
