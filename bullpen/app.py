@@ -20,7 +20,7 @@ from bullpen.services.secrets import load_secret
 from bullpen.services.tasks import TaskService
 from bullpen.settings import Settings
 from bullpen.store.base import Store
-from bullpen.store.engine import create_engine
+from bullpen.store.engine import create_store
 from bullpen.store.migrate import migrate
 from bullpen.streams.bus.memory import MemoryBus
 from bullpen.streams.eventlog import EventLog
@@ -53,9 +53,10 @@ class Services:
 @asynccontextmanager
 async def open_store(settings: Settings) -> AsyncIterator[Store]:
     """The store, migrated to head, disposed of on exit."""
-    store = Store(create_engine(settings))
+    store = create_store(settings)
     try:
-        await migrate(store.engine)
+        await migrate(store)
+        store.start()
         yield store
     finally:
         await store.close()

@@ -62,16 +62,18 @@ class Settings(BaseSettings):
         for prefix in ("postgresql://", "postgres://"):
             if value.startswith(prefix):
                 return "postgresql+asyncpg://" + value[len(prefix) :]
-        if value.startswith(("postgresql+asyncpg://", "sqlite+aiosqlite://")):
+        if value.startswith("postgresql+asyncpg://"):
             return value
-        raise ValueError("database_url must be postgresql://… or sqlite+aiosqlite://…")
+        if value.startswith(("sqlite:///", "sqlite+pysqlite:///")):
+            return "sqlite:///" + value.split(":///", 1)[1]
+        raise ValueError("database_url must be postgresql://… or sqlite:///path")
 
     @property
     def resolved_database_url(self) -> str:
         """The URL to connect to: the configured one or SQLite in the data directory."""
         if self.database_url:
             return self.database_url
-        return f"sqlite+aiosqlite:///{self.data_dir / 'bullpen.db'}"
+        return f"sqlite:///{self.data_dir / 'bullpen.db'}"
 
     @property
     def is_sqlite(self) -> bool:

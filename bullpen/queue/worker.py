@@ -12,8 +12,6 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from bullpen.agents.llm import run_llm
 from bullpen.domain.events import EventKind
 from bullpen.domain.status import RunStatus
@@ -22,7 +20,7 @@ from bullpen.gateway.client import GatewayClient
 from bullpen.gateway.providers import ProviderRegistry
 from bullpen.store import events as event_store
 from bullpen.store import runs as run_store
-from bullpen.store.base import Store
+from bullpen.store.base import Connection, Store
 from bullpen.store.runs import ClaimedRun, RunOutcome
 from bullpen.streams.eventlog import EventLog
 
@@ -157,7 +155,7 @@ class Worker:
             outcome = _failed("internal error while executing the run")
         now = self._clock()
 
-        async def change(conn: AsyncConnection) -> bool:
+        async def change(conn: Connection) -> bool:
             return await run_store.finish(
                 conn, run_id=run.id, attempt=run.attempt, outcome=outcome, now=now
             )

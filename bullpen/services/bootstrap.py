@@ -10,14 +10,13 @@ from datetime import datetime
 from uuid import UUID
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bullpen.domain import tokens
 from bullpen.domain.principal import Role
 from bullpen.services.auth import hash_password
 from bullpen.store import agents as agent_store
 from bullpen.store import audit, identity
-from bullpen.store.base import Store
+from bullpen.store.base import Connection, Store
 from bullpen.store.tables import agents, users, workspaces
 
 ADMIN_EMAIL = "admin@bullpen.local"
@@ -97,7 +96,7 @@ async def ensure_bootstrap(store: Store, secret: bytes, clock: Callable[[], date
     return Bootstrap(True, ADMIN_EMAIL, password, api_key, ws_id, agent_id)
 
 
-async def _existing(conn: AsyncConnection) -> Bootstrap:
+async def _existing(conn: Connection) -> Bootstrap:
     ws = (
         await conn.execute(sa.select(workspaces.c.id).order_by(workspaces.c.created_at).limit(1))
     ).scalar_one()

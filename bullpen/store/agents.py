@@ -8,13 +8,13 @@ from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from bullpen.store.base import Connection
 from bullpen.store.tables import agents
 
 
 async def create_agent(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     workspace_id: UUID,
     name: str,
@@ -40,7 +40,7 @@ async def create_agent(
     return agent_id
 
 
-async def get_agent(conn: AsyncConnection, workspace_id: UUID, agent_id: UUID) -> Any | None:
+async def get_agent(conn: Connection, workspace_id: UUID, agent_id: UUID) -> Any | None:
     """The agent with this id in this workspace, or None (another workspace's is None too)."""
     return (
         await conn.execute(
@@ -49,7 +49,7 @@ async def get_agent(conn: AsyncConnection, workspace_id: UUID, agent_id: UUID) -
     ).first()
 
 
-async def list_agents(conn: AsyncConnection, workspace_id: UUID) -> list[Any]:
+async def list_agents(conn: Connection, workspace_id: UUID) -> list[Any]:
     """The workspace's agents by name."""
     result = await conn.execute(
         sa.select(agents).where(agents.c.workspace_id == workspace_id).order_by(agents.c.name)

@@ -7,13 +7,12 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
+from bullpen.store.base import Connection
 from bullpen.store.tables import audit_events
 
 
 async def record(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     workspace_id: UUID | None,
     actor_type: str,

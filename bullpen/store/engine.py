@@ -1,14 +1,20 @@
-"""Engine construction for SQLite (WAL, one writer) and PostgreSQL (asyncpg pool)."""
+"""Engine construction for SQLite (WAL, used inline) and PostgreSQL (asyncpg pool)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.pool import NullPool
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from bullpen.settings import Settings
+from bullpen.store.base import Store
+
+# Connections are never held across an await, so a few suffice; a short timeout turns a
+# misuse (holding one while suspended) into an error instead of a stalled event loop.
+_SQLITE_POOL_SIZE = 4
+_SQLITE_POOL_TIMEOUT_S = 2.0
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -16,33 +22,34 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    # Checkpoints run on a worker thread (Store._checkpoint_loop), never on the event loop.
+    cursor.execute("PRAGMA wal_autocheckpoint=0")
     cursor.close()
 
 
-def create_engine(settings: Settings) -> AsyncEngine:
-    """Build the engine the store uses; nothing connects until first use."""
+def create_store(settings: Settings) -> Store:
+    """Build the store; nothing connects until first use."""
     url = settings.resolved_database_url
     if url.startswith("sqlite"):
-        if ":memory:" not in url:
+        path = url.removeprefix("sqlite:///")
+        if path != ":memory:":
             settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        engine = create_async_engine(
+        engine = sa.create_engine(
+            url,
+            pool_size=_SQLITE_POOL_SIZE,
+            max_overflow=0,
+            pool_timeout=_SQLITE_POOL_TIMEOUT_S,
+            connect_args={"check_same_thread": False},
+        )
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return Store(engine, sqlite_path=path)
+    return Store(
+        create_async_engine(
             url,
             pool_size=settings.pool_size,
             max_overflow=settings.pool_max_overflow,
-            connect_args={"check_same_thread": False},
+            pool_pre_ping=True,
+            pool_recycle=1800,
         )
-        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
-        return engine
-    return create_async_engine(
-        url,
-        pool_size=settings.pool_size,
-        max_overflow=settings.pool_max_overflow,
-        pool_pre_ping=True,
-        pool_recycle=1800,
     )
-
-
-def create_admin_engine(url: str) -> AsyncEngine:
-    """An unpooled engine for one-off administrative work (tests, bench)."""
-    return create_async_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")

@@ -7,16 +7,16 @@ from datetime import datetime
 from uuid import UUID
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bullpen.domain.events import EventKind, RunEvent
+from bullpen.store.base import Connection
 from bullpen.store.tables import run_events, runs
 
 _INSERT = run_events.insert()
 
 
 async def append(
-    conn: AsyncConnection, events: Sequence[RunEvent], workspace_ids: Sequence[UUID], now: datetime
+    conn: Connection, events: Sequence[RunEvent], workspace_ids: Sequence[UUID], now: datetime
 ) -> None:
     """Insert many events in one statement (executemany)."""
     if not events:
@@ -38,7 +38,7 @@ async def append(
     )
 
 
-async def last_seq(conn: AsyncConnection, run_id: UUID) -> int:
+async def last_seq(conn: Connection, run_id: UUID) -> int:
     """The highest stored seq of a run (0 when it has none)."""
     value = (
         await conn.execute(
@@ -48,7 +48,7 @@ async def last_seq(conn: AsyncConnection, run_id: UUID) -> int:
     return int(value or 0)
 
 
-async def latest_run_id(conn: AsyncConnection, task_id: UUID) -> UUID | None:
+async def latest_run_id(conn: Connection, task_id: UUID) -> UUID | None:
     """The task's most recent run."""
     return (
         await conn.execute(
@@ -60,9 +60,7 @@ async def latest_run_id(conn: AsyncConnection, task_id: UUID) -> UUID | None:
     ).scalar_one_or_none()
 
 
-async def after(
-    conn: AsyncConnection, *, run_id: UUID, after_seq: int, limit: int
-) -> list[RunEvent]:
+async def after(conn: Connection, *, run_id: UUID, after_seq: int, limit: int) -> list[RunEvent]:
     """Up to `limit` stored events of a run with seq > after_seq, in order."""
     result = await conn.execute(
         sa.select(run_events.c.seq, run_events.c.task_id, run_events.c.kind, run_events.c.data)

@@ -9,9 +9,9 @@ from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bullpen.domain.principal import Role
+from bullpen.store.base import Connection
 from bullpen.store.tables import api_keys, memberships, sessions, users, workspaces
 
 
@@ -41,7 +41,7 @@ class SessionRecord:
 
 
 async def create_workspace(
-    conn: AsyncConnection, *, name: str, slug: str, task_key: str, now: datetime
+    conn: Connection, *, name: str, slug: str, task_key: str, now: datetime
 ) -> UUID:
     """Insert a workspace and return its id."""
     ws_id = uuid.uuid4()
@@ -54,7 +54,7 @@ async def create_workspace(
 
 
 async def create_user(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     email: str,
     name: str,
@@ -78,7 +78,7 @@ async def create_user(
 
 
 async def add_member(
-    conn: AsyncConnection, *, workspace_id: UUID, user_id: UUID, role: Role, now: datetime
+    conn: Connection, *, workspace_id: UUID, user_id: UUID, role: Role, now: datetime
 ) -> None:
     """Give a user a role in a workspace."""
     await conn.execute(
@@ -89,7 +89,7 @@ async def add_member(
 
 
 async def create_api_key(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     workspace_id: UUID,
     user_id: UUID | None,
@@ -142,7 +142,7 @@ _KEY_LOOKUP = (
 )
 
 
-async def find_api_key(conn: AsyncConnection, digest: bytes) -> KeyRecord | None:
+async def find_api_key(conn: Connection, digest: bytes) -> KeyRecord | None:
     """The key with this digest, with its owner's role, or None."""
     row = (await conn.execute(_KEY_LOOKUP, {"digest": digest})).first()
     if row is None:
@@ -163,12 +163,12 @@ async def find_api_key(conn: AsyncConnection, digest: bytes) -> KeyRecord | None
     )
 
 
-async def touch_api_key(conn: AsyncConnection, key_id: UUID, now: datetime) -> None:
+async def touch_api_key(conn: Connection, key_id: UUID, now: datetime) -> None:
     """Record that a key was used."""
     await conn.execute(api_keys.update().where(api_keys.c.id == key_id).values(last_used_at=now))
 
 
-async def find_user_for_login(conn: AsyncConnection, email: str) -> Any | None:
+async def find_user_for_login(conn: Connection, email: str) -> Any | None:
     """The enabled user with this email (id, password_hash), or None."""
     return (
         await conn.execute(
@@ -179,7 +179,7 @@ async def find_user_for_login(conn: AsyncConnection, email: str) -> Any | None:
     ).first()
 
 
-async def first_membership(conn: AsyncConnection, user_id: UUID) -> tuple[UUID, Role] | None:
+async def first_membership(conn: Connection, user_id: UUID) -> tuple[UUID, Role] | None:
     """The user's oldest workspace membership (the UI's default workspace)."""
     row = (
         await conn.execute(
@@ -193,7 +193,7 @@ async def first_membership(conn: AsyncConnection, user_id: UUID) -> tuple[UUID, 
 
 
 async def create_session(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     digest: bytes,
     user_id: UUID,
@@ -213,7 +213,7 @@ async def create_session(
     )
 
 
-async def find_session(conn: AsyncConnection, digest: bytes) -> SessionRecord | None:
+async def find_session(conn: Connection, digest: bytes) -> SessionRecord | None:
     """The live session with this digest, with the user's role, or None."""
     row = (
         await conn.execute(
@@ -247,11 +247,11 @@ async def find_session(conn: AsyncConnection, digest: bytes) -> SessionRecord | 
     )
 
 
-async def delete_session(conn: AsyncConnection, digest: bytes) -> None:
+async def delete_session(conn: Connection, digest: bytes) -> None:
     """End a session."""
     await conn.execute(sessions.delete().where(sessions.c.digest == digest))
 
 
-async def count_users(conn: AsyncConnection) -> int:
+async def count_users(conn: Connection) -> int:
     """How many users exist (zero means first start)."""
     return int((await conn.execute(sa.select(sa.func.count()).select_from(users))).scalar_one())

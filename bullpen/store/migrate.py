@@ -8,7 +8,8 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncEngine
+
+from bullpen.store.base import Store
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 _LOCK_ID = 0x6270_6D69  # "bpmi": serialises concurrent migrators on PostgreSQL
@@ -28,7 +29,6 @@ def _upgrade(connection: Connection) -> None:
     command.upgrade(alembic_config(connection), "head")
 
 
-async def migrate(engine: AsyncEngine) -> None:
+async def migrate(store: Store) -> None:
     """Bring the database schema to the newest revision."""
-    async with engine.begin() as conn:
-        await conn.run_sync(_upgrade)
+    await store.run_sync(_upgrade)

@@ -8,9 +8,9 @@ from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bullpen.domain.status import RunStatus, TaskStatus
+from bullpen.store.base import Connection
 from bullpen.store.tables import agents, runs, tasks
 
 
@@ -52,7 +52,7 @@ class Claim:
 
 
 async def claim(
-    conn: AsyncConnection, *, owner: str, limit: int, now: datetime, lease: timedelta
+    conn: Connection, *, owner: str, limit: int, now: datetime, lease: timedelta
 ) -> list[Claim]:
     """Take up to `limit` queued runs, oldest first, and mark them running under a lease."""
     # A materialized CTE: as a plain subquery PostgreSQL may re-run the LIMIT per row.
@@ -95,7 +95,7 @@ async def claim(
     return [Claim(row.id, row.attempt) for row in claimed]
 
 
-async def load_claimed(conn: AsyncConnection, claims: list[Claim]) -> list[ClaimedRun]:
+async def load_claimed(conn: Connection, claims: list[Claim]) -> list[ClaimedRun]:
     """What executing the claimed runs needs (read after the claim commits)."""
     if not claims:
         return []
@@ -133,7 +133,7 @@ async def load_claimed(conn: AsyncConnection, claims: list[Claim]) -> list[Claim
 
 
 async def renew(
-    conn: AsyncConnection, *, owner: str, run_ids: list[UUID], now: datetime, lease: timedelta
+    conn: Connection, *, owner: str, run_ids: list[UUID], now: datetime, lease: timedelta
 ) -> None:
     """Extend the leases this worker still holds."""
     if not run_ids:
@@ -149,7 +149,7 @@ async def renew(
     )
 
 
-async def requeue_expired(conn: AsyncConnection, *, now: datetime) -> int:
+async def requeue_expired(conn: Connection, *, now: datetime) -> int:
     """Put runs whose lease ran out back in the queue; returns how many."""
     result = await conn.execute(
         runs.update()
@@ -160,7 +160,7 @@ async def requeue_expired(conn: AsyncConnection, *, now: datetime) -> int:
 
 
 async def finish(
-    conn: AsyncConnection, *, run_id: UUID, attempt: int, outcome: RunOutcome, now: datetime
+    conn: Connection, *, run_id: UUID, attempt: int, outcome: RunOutcome, now: datetime
 ) -> bool:
     """Record a run's end and its task's, only if this attempt still holds it."""
     result = await conn.execute(
@@ -201,7 +201,7 @@ async def finish(
     return True
 
 
-async def get_run(conn: AsyncConnection, workspace_id: UUID, run_id: UUID) -> Any | None:
+async def get_run(conn: Connection, workspace_id: UUID, run_id: UUID) -> Any | None:
     """The run in this workspace, or None."""
     return (
         await conn.execute(

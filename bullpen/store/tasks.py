@@ -10,9 +10,9 @@ from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bullpen.domain.status import RunStatus, TaskStatus
+from bullpen.store.base import Connection
 from bullpen.store.tables import runs, tasks, workspaces
 
 
@@ -27,7 +27,7 @@ class TaskPage:
 _TASK_COLUMNS = [*tasks.c, workspaces.c.task_key]
 
 
-async def next_task_number(conn: AsyncConnection, workspace_id: UUID) -> tuple[int, str]:
+async def next_task_number(conn: Connection, workspace_id: UUID) -> tuple[int, str]:
     """Reserve the workspace's next task number and return it with the workspace's task key."""
     row = (
         await conn.execute(
@@ -41,7 +41,7 @@ async def next_task_number(conn: AsyncConnection, workspace_id: UUID) -> tuple[i
 
 
 async def insert_task_with_run(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     workspace_id: UUID,
     agent_id: UUID,
@@ -84,7 +84,7 @@ async def insert_task_with_run(
     return SimpleNamespace(**task, task_key=task_key), SimpleNamespace(**{**empty_run, **run})
 
 
-async def get_task(conn: AsyncConnection, workspace_id: UUID, task_id: UUID) -> Any | None:
+async def get_task(conn: Connection, workspace_id: UUID, task_id: UUID) -> Any | None:
     """The task in this workspace, or None."""
     return (
         await conn.execute(
@@ -96,7 +96,7 @@ async def get_task(conn: AsyncConnection, workspace_id: UUID, task_id: UUID) -> 
 
 
 async def list_tasks(
-    conn: AsyncConnection,
+    conn: Connection,
     workspace_id: UUID,
     *,
     limit: int,
@@ -128,7 +128,7 @@ async def list_tasks(
     return TaskPage(rows=rows, next_after=(rows[-1].created_at, rows[-1].id))
 
 
-async def runs_for_tasks(conn: AsyncConnection, task_ids: list[UUID]) -> dict[UUID, Any]:
+async def runs_for_tasks(conn: Connection, task_ids: list[UUID]) -> dict[UUID, Any]:
     """The latest run of each given task, in one query."""
     if not task_ids:
         return {}

@@ -9,12 +9,10 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from bullpen.domain.events import EventKind, RunEvent
 from bullpen.errors import BullpenError
 from bullpen.store import events as event_store
-from bullpen.store.base import Store
+from bullpen.store.base import Connection, Store
 from bullpen.streams.bus.base import Bus
 
 log = logging.getLogger(__name__)
@@ -123,7 +121,7 @@ class EventLog:
         writer: RunWriter,
         kind: EventKind,
         data: dict[str, Any],
-        change: Callable[[AsyncConnection], Awaitable[bool]],
+        change: Callable[[Connection], Awaitable[bool]],
     ) -> bool:
         """Commit the run's last event with its final state change, then publish it."""
         await self.flush(writer)

@@ -11,7 +11,6 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bullpen.domain import tokens
 from bullpen.domain.events import EventKind, RunEvent
@@ -22,7 +21,7 @@ from bullpen.store import events as event_store
 from bullpen.store import identity
 from bullpen.store import runs as run_store
 from bullpen.store import tasks as task_store
-from bullpen.store.base import Store
+from bullpen.store.base import Connection, Store
 from bullpen.store.runs import RunOutcome
 from bullpen.store.tables import audit_events, metadata, runs, tasks
 
@@ -53,7 +52,7 @@ async def _task(
     return task.id, run.id
 
 
-async def _insert(conn: AsyncConnection, ws: uuid.UUID, agent: uuid.UUID, when: datetime) -> Any:
+async def _insert(conn: Connection, ws: uuid.UUID, agent: uuid.UUID, when: datetime) -> Any:
     return await task_store.insert_task_with_run(
         conn,
         workspace_id=ws,
