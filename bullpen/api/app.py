@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -56,6 +57,9 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with build(settings) as services:
             app.state.services = services
+            # Start-up objects live for the whole process: keep them out of every GC pass.
+            gc.collect()
+            gc.freeze()
             yield
 
     app = FastAPI(

@@ -184,6 +184,9 @@ class _Load:
         self.think_s = think_s
         self.samples = [StageSamples() for _ in stages]
         self.texts: dict[str, str] | None = {} if keep_texts else None
+        # task id -> (stage, client TTFT s), joined after the load with the server's own record
+        # of the provider's TTFT for that run: the difference is what Bullpen added.
+        self.client_ttft: dict[str, tuple[int, float]] = {}
         self.examples: dict[str, str] = {}
         self.created = 0
         self.completed = 0
@@ -306,11 +309,37 @@ class _Load:
                     samples = self.samples[stage]
                     if first_text is not None:
                         samples.ttft_s.append(first_text - sent)
+                        self.client_ttft[task_id] = (stage, first_text - sent)
                     samples.completion_s.append(ended - sent)
                     samples.completed += 1
                     self.completed += 1
                     return
         raise _Failed("truncated", f"task {task_id}: stream closed after id {expected - 1}")
+
+    async def join_provider_ttft(self) -> None:
+        """Read every run's provider TTFT as the server recorded it (after the load ends)."""
+        url: str | None = f"{self.tasks_url}?limit=100"
+        timeout = aiohttp.ClientTimeout(total=30.0)
+        while url is not None and self.client_ttft:
+            try:
+                async with self.session.get(url, timeout=timeout) as resp:
+                    if resp.status != 200:
+                        self.metrics_errors += 1
+                        return
+                    page = orjson.loads(await resp.read())
+            except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+                self.metrics_errors += 1
+                return
+            for item in page.get("items", []):
+                seen = self.client_ttft.pop(str(item.get("id")), None)
+                run = item.get("run") or {}
+                if seen is not None and isinstance(run.get("ttft_ms"), int | float):
+                    stage, client_s = seen
+                    provider_s = run["ttft_ms"] / 1000.0
+                    self.samples[stage].provider_ttft_s.append(provider_s)
+                    self.samples[stage].overhead_s.append(client_s - provider_s)
+            cursor = page.get("next_cursor")
+            url = f"{self.tasks_url}?limit=100&cursor={cursor}" if cursor else None
 
     async def sample_metrics(self) -> None:
         """Poll /metrics once a second until the schedule ends."""
@@ -449,6 +478,8 @@ async def run_load(
             await _drain(load, vus, timeout_s=2 * request_timeout_s + _CLOSE_WAIT_S)
             if on_tick is not None:
                 on_tick(load.snapshot(load.elapsed(), 0, 0, finished=True))
+            wall_s = load.elapsed()
+            await load.join_provider_ttft()
         finally:
             pending = [v.task for v in vus if v.task is not None and not v.task.done()]
             if sampler is not None:
@@ -456,7 +487,6 @@ async def run_load(
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        wall_s = load.elapsed()
     result = summarize(
         base_url,
         think_s,

@@ -111,6 +111,8 @@ class StageSamples:
     completed: int = 0
     create_s: list[float] = field(default_factory=list)
     ttft_s: list[float] = field(default_factory=list)
+    provider_ttft_s: list[float] = field(default_factory=list)
+    overhead_s: list[float] = field(default_factory=list)
     completion_s: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     rss_bytes: list[float] = field(default_factory=list)
@@ -125,6 +127,8 @@ class StageSamples:
         self.completed += other.completed
         self.create_s += other.create_s
         self.ttft_s += other.ttft_s
+        self.provider_ttft_s += other.provider_ttft_s
+        self.overhead_s += other.overhead_s
         self.completion_s += other.completion_s
         self.errors.update(other.errors)
         self.rss_bytes += other.rss_bytes
@@ -147,6 +151,8 @@ class StageResult:
     completed: int
     create_ms: Distribution
     ttft_ms: Distribution
+    provider_ttft_ms: Distribution
+    overhead_ms: Distribution
     completion_ms: Distribution
     rss_max_bytes: float | None
     rss_mean_bytes: float | None
@@ -187,6 +193,8 @@ class StageResult:
             completed=s.completed,
             create_ms=Distribution.of_seconds(s.create_s),
             ttft_ms=Distribution.of_seconds(s.ttft_s),
+            provider_ttft_ms=Distribution.of_seconds(s.provider_ttft_s),
+            overhead_ms=Distribution.of_seconds(s.overhead_s),
             completion_ms=Distribution.of_seconds(s.completion_s),
             rss_max_bytes=max(s.rss_bytes, default=None),
             rss_mean_bytes=_mean(s.rss_bytes),
@@ -212,6 +220,8 @@ class StageResult:
             "completed_per_s": _round(self.completed_per_s),
             "create_ms": self.create_ms.as_dict(),
             "ttft_ms": self.ttft_ms.as_dict(),
+            "provider_ttft_ms": self.provider_ttft_ms.as_dict(),
+            "ttft_overhead_ms": self.overhead_ms.as_dict(),
             "completion_ms": self.completion_ms.as_dict(),
             "rss_max_mb": _round(_scale(self.rss_max_bytes, 1 / _MB)),
             "rss_mean_mb": _round(_scale(self.rss_mean_bytes, 1 / _MB)),
@@ -341,6 +351,8 @@ def render_table(result: BenchResult) -> Table:
     table.add_column("done/s", justify="right", overflow="fold")
     table.add_column("create ms\nmean/p95/p99", justify="right", overflow="fold")
     table.add_column("TTFT ms\nmean/p95/p99", justify="right", overflow="fold")
+    table.add_column("provider TTFT ms\nmean/p95/p99", justify="right", overflow="fold")
+    table.add_column("added ms\nmean/p95/p99", justify="right", overflow="fold")
     table.add_column("completion ms\nmean/p95/p99", justify="right", overflow="fold")
     table.add_column("RSS max\nMB", justify="right", overflow="fold")
     table.add_column("DB pool\nmax", justify="right", overflow="fold")
@@ -367,6 +379,8 @@ def _add_row(table: Table, row: StageResult, style: str | None = None) -> None:
         _fmt(row.completed_per_s),
         _fmt_dist(row.create_ms),
         _fmt_dist(row.ttft_ms),
+        _fmt_dist(row.provider_ttft_ms),
+        _fmt_dist(row.overhead_ms),
         _fmt_dist(row.completion_ms),
         _fmt(_scale(row.rss_max_bytes, 1 / _MB), 0),
         _fmt_pool(row),

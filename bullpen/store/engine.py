@@ -49,7 +49,8 @@ def create_store(settings: Settings) -> Store:
             url,
             pool_size=settings.pool_size,
             max_overflow=settings.pool_max_overflow,
-            pool_pre_ping=True,
+            # No pre-ping: it costs a round trip per transaction; a dropped connection fails
+            # its statement, is invalidated, and the caller gets a 503 to retry.
             pool_recycle=1800,
         )
     )

@@ -34,6 +34,9 @@ async def test_every_task_ends_done_with_the_streamed_text(backend: str) -> None
         assert result.error_kinds == [], result.error_examples
         assert result.total.errors_total == 0, result.error_examples
         assert result.texts and len(result.texts) == result.total.completed >= 12
+        # The bench joined every run with the provider TTFT the server recorded for it.
+        assert result.total.provider_ttft_ms.count == result.total.completed
+        assert result.total.provider_ttft_ms.mean >= 40  # the simulator's configured TTFT
         headers = {"Authorization": f"Bearer {server.api_key}"}
         async with aiohttp.ClientSession(headers=headers) as http:
             for task_id, streamed in result.texts.items():

@@ -130,7 +130,21 @@ def _app(fake: Fake) -> web.Application:
             content_type="text/plain",
         )
 
+    async def listing(request: web.Request) -> web.Response:
+        # Small pages so the client has to follow next_cursor; the provider TTFT is 10 ms.
+        ids = list(fake.texts)
+        start = int(request.query.get("cursor", "0"))
+        page = ids[start : start + 3]
+        more = start + 3 < len(ids)
+        return web.json_response(
+            {
+                "items": [{"id": i, "run": {"ttft_ms": 10.0}} for i in page],
+                "next_cursor": str(start + 3) if more else None,
+            }
+        )
+
     app = web.Application()
+    app.router.add_get("/api/v1/tasks", listing)
     app.router.add_post("/api/v1/tasks", create)
     app.router.add_get("/api/v1/tasks/{id}/events", events)
     app.router.add_get("/metrics", metrics)
@@ -174,6 +188,11 @@ async def test_happy_path_streams_everything_and_reuses_connections(
     # Keep-alive: a handful of connections carried every request.
     assert len(fake.connections) <= 8
     assert total.ttft_ms.count == total.completed
+    # Every run was joined with the server's provider TTFT across several list pages.
+    assert total.provider_ttft_ms.count == total.completed > 3
+    assert total.provider_ttft_ms.mean == pytest.approx(10.0)
+    assert total.overhead_ms.count == total.completed
+    assert total.overhead_ms.mean == pytest.approx(total.ttft_ms.mean - 10.0)
     assert total.completion_ms.p99 is not None and total.ttft_ms.p99 is not None
     assert total.create_ms.mean is not None
     assert 0 < total.ttft_ms.mean <= total.completion_ms.mean

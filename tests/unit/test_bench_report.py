@@ -178,6 +178,8 @@ def test_to_json_shape() -> None:
         "completed_per_s",
         "create_ms",
         "ttft_ms",
+        "provider_ttft_ms",
+        "ttft_overhead_ms",
         "completion_ms",
         "rss_max_mb",
         "rss_mean_mb",
