@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -97,7 +98,7 @@ class EventLog:
         self._cycle: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._task: asyncio.Task[None] | None = None
         self._committing: frozenset[RunWriter] = frozenset()
-        self._urgent = False
+        self._urgent = asyncio.Event()
         self.commits = 0
 
     def writer(self, run_id: UUID, task_id: UUID, workspace_id: UUID, last_seq: int) -> RunWriter:
@@ -107,7 +108,8 @@ class EventLog:
     def mark_dirty(self, writer: RunWriter, *, urgent: bool = False) -> None:
         """Note that a writer has events to commit; `urgent` skips the coalescing wait."""
         self._dirty.add(writer)
-        self._urgent = self._urgent or urgent
+        if urgent:
+            self._urgent.set()
         self._wake.set()
 
     async def flush(self, writer: RunWriter) -> None:
@@ -157,9 +159,12 @@ class EventLog:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if self._coalesce_s and not self._urgent:
-                await asyncio.sleep(self._coalesce_s)
-            self._urgent = False
+            if self._coalesce_s and not self._urgent.is_set():
+                # Coalesce for a window, but a run's first text cuts the window short.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._coalesce_s):
+                        await self._urgent.wait()
+            self._urgent.clear()
             try:
                 await self._commit_once()
             except Exception as err:
