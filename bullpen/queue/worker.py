@@ -95,9 +95,7 @@ class Worker:
                             now=self._clock(),
                             lease=self._lease,
                         )
-                    if claims:
-                        async with self._store.read() as conn:
-                            claimed = await run_store.load_claimed(conn, claims)
+                        claimed = await run_store.load_claimed(conn, claims)
                 except BullpenError as err:
                     log.warning("claim failed: %s", err.detail)
             for run in claimed:

@@ -38,15 +38,13 @@ class TaskService:
         """Create a task and enqueue its run in one transaction; returns the stored task."""
         if not principal.can_write:
             raise Forbidden("viewers cannot create tasks")
-        async with self._store.read() as conn:
-            agent = await agent_store.get_agent(conn, principal.workspace_id, agent_id)
-        if agent is None:
-            raise NotFound("no such agent in this workspace")
-        if agent.status != "active":
-            raise Forbidden(f"agent {agent.name!r} is {agent.status}")
         now = self._clock()
-        # The agent row is not locked: a concurrent delete fails the foreign key instead.
         async with self._store.write() as conn:
+            agent = await agent_store.get_agent(conn, principal.workspace_id, agent_id)
+            if agent is None:
+                raise NotFound("no such agent in this workspace")
+            if agent.status != "active":
+                raise Forbidden(f"agent {agent.name!r} is {agent.status}")
             task, run = await task_store.insert_task_with_run(
                 conn,
                 workspace_id=principal.workspace_id,
