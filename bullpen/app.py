@@ -55,6 +55,7 @@ async def open_store(settings: Settings) -> AsyncIterator[Store]:
     """The store, migrated to head, disposed of on exit."""
     store = create_store(settings)
     try:
+        store.lock_sqlite()
         await migrate(store)
         store.start()
         yield store

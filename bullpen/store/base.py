@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -23,7 +25,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.base import Executable
 
-from bullpen.errors import Unavailable
+from bullpen.errors import BullpenError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,7 @@ class Store:
         self._sqlite_path = sqlite_path
         self._write_lock = asyncio.Lock() if self.is_sqlite else None
         self._checkpointer: asyncio.Task[None] | None = None
+        self._lock_fd: int | None = None
         if isinstance(engine, sa.Engine):
             event.listen(engine, "connect", _sqlite_autocommit)
             event.listen(engine, "begin", _sqlite_begin)
@@ -122,6 +125,22 @@ class Store:
         pool: Any = self.engine.pool
         return int(pool.checkedout()), int(pool.size()) + int(getattr(pool, "_max_overflow", 0))
 
+    def lock_sqlite(self) -> None:
+        """Claim the SQLite file for this process (another's write lock would stall our loop)."""
+        path = self._sqlite_path
+        if path is None or path == ":memory:" or self._lock_fd is not None:
+            return
+        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise BullpenError(
+                f"another Bullpen process is using {path}; run one process per "
+                "SQLite data directory (use PostgreSQL for several)"
+            ) from None
+        self._lock_fd = fd
+
     def start(self) -> None:
         """Start background upkeep (SQLite: WAL checkpoints off the event loop)."""
         if self._sqlite_path is not None and self._checkpointer is None:
@@ -138,6 +157,9 @@ class Store:
             self.engine.dispose()
         else:
             await self.engine.dispose()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
 
     async def _checkpoint_loop(self) -> None:
         assert self._sqlite_path is not None

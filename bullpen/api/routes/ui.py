@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from bullpen.api.deps import SESSION_COOKIE, ServicesDep
 from bullpen.api.schemas import TaskCreate
+from bullpen.app import Services
 from bullpen.errors import BullpenError, Forbidden, Unauthenticated
 from bullpen.services.auth import SESSION_TTL, SessionPrincipal
 from bullpen.store import agents as agent_store
@@ -32,7 +33,7 @@ def _check_same_site(request: Request) -> None:
         raise Forbidden("cross-site request refused")
 
 
-async def _session(request: Request, svc: Any) -> tuple[str, SessionPrincipal] | None:
+async def _session(request: Request, svc: Services) -> tuple[str, SessionPrincipal] | None:
     session_id = request.cookies.get(SESSION_COOKIE)
     if not session_id:
         return None
@@ -109,7 +110,7 @@ async def dashboard(request: Request, svc: ServicesDep) -> Response:
 
 async def _dashboard(
     request: Request,
-    svc: Any,
+    svc: Services,
     found: tuple[str, SessionPrincipal],
     *,
     status: int = 200,
