@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -15,6 +16,11 @@ from bullpen.store.base import Store
 # misuse (holding one while suspended) into an error instead of a stalled event loop.
 _SQLITE_POOL_SIZE = 4
 _SQLITE_POOL_TIMEOUT_S = 2.0
+
+
+def _json_dumps(value: Any) -> str:
+    # Every run event's data passes through here: orjson is several times faster than json.
+    return orjson.dumps(value).decode()
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -37,6 +43,8 @@ def create_store(settings: Settings) -> Store:
             settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         engine = sa.create_engine(
             url,
+            json_serializer=_json_dumps,
+            json_deserializer=orjson.loads,
             pool_size=_SQLITE_POOL_SIZE,
             max_overflow=0,
             pool_timeout=_SQLITE_POOL_TIMEOUT_S,
@@ -47,6 +55,8 @@ def create_store(settings: Settings) -> Store:
     return Store(
         create_async_engine(
             url,
+            json_serializer=_json_dumps,
+            json_deserializer=orjson.loads,
             pool_size=settings.pool_size,
             max_overflow=settings.pool_max_overflow,
             # No pre-ping: it costs a round trip per transaction; a dropped connection fails
