@@ -4,40 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
 from bullpen.domain.events import EventKind
-from bullpen.store import agents as agent_store
 from bullpen.store import events as event_store
-from bullpen.store import identity
-from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection, Store
 from bullpen.store.tables import run_events
 from bullpen.streams.bus.memory import MemoryBus
 from bullpen.streams.eventlog import EventLog
-
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
+from tests.integration.seed import NOW, new_task, workspace_with_agent
 
 
 async def _run(store: Store, slug: str = "w") -> tuple[uuid.UUID, uuid.UUID, uuid.UUID]:
-    async with store.write() as conn:
-        ws = await identity.create_workspace(conn, name=slug, slug=slug, task_key="T", now=NOW)
-        agent = await agent_store.create_agent(
-            conn, workspace_id=ws, name="a", title="", adapter="llm", config={}, now=NOW
-        )
-        task, run = await task_store.insert_task_with_run(
-            conn,
-            workspace_id=ws,
-            agent_id=agent,
-            title="t",
-            prompt="p" * 10,
-            creator_user_id=None,
-            creator_key_id=None,
-            now=NOW,
-        )
-    return ws, task.id, run.id
+    ws, agent = await workspace_with_agent(store, slug)
+    task_id, run_id = await new_task(store, ws, agent)
+    return ws, task_id, run_id
 
 
 async def test_deltas_coalesce_into_gap_free_events(store: Store) -> None:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -21,48 +20,12 @@ from bullpen.store import events as event_store
 from bullpen.store import identity
 from bullpen.store import runs as run_store
 from bullpen.store import tasks as task_store
-from bullpen.store.base import Connection, Store
+from bullpen.store.base import Store
 from bullpen.store.runs import RunOutcome
 from bullpen.store.tables import audit_events, metadata, runs, tasks
+from tests.integration.seed import NOW, insert_task, new_task, workspace_with_agent
 
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
-
-
-async def _workspace_with_agent(store: Store, slug: str = "w1") -> tuple[uuid.UUID, uuid.UUID]:
-    async with store.write() as conn:
-        ws = await identity.create_workspace(conn, name=slug, slug=slug, task_key="T", now=NOW)
-        agent = await agent_store.create_agent(
-            conn,
-            workspace_id=ws,
-            name="a",
-            title="",
-            adapter="llm",
-            config={"provider": "simulated", "model": "sim-1"},
-            now=NOW,
-        )
-    return ws, agent
-
-
-async def _task(
-    store: Store, ws: uuid.UUID, agent: uuid.UUID, when: datetime = NOW
-) -> tuple[uuid.UUID, uuid.UUID]:
-    async with store.write() as conn:
-        task, run = await _insert(conn, ws, agent, when)
-    return task.id, run.id
-
-
-async def _insert(conn: Connection, ws: uuid.UUID, agent: uuid.UUID, when: datetime) -> Any:
-    return await task_store.insert_task_with_run(
-        conn,
-        workspace_id=ws,
-        agent_id=agent,
-        title="t",
-        prompt="p" * 10,
-        creator_user_id=None,
-        creator_key_id=None,
-        now=when,
-    )
 
 
 def _done(text: str = "ok") -> RunOutcome:
@@ -78,9 +41,13 @@ async def test_migrations_match_the_tables(store: Store) -> None:
 
 
 async def test_task_numbers_count_per_workspace(store: Store) -> None:
-    ws1, a1 = await _workspace_with_agent(store, "w1")
-    ws2, a2 = await _workspace_with_agent(store, "w2")
-    ids = [await _task(store, ws1, a1), await _task(store, ws1, a1), await _task(store, ws2, a2)]
+    ws1, a1 = await workspace_with_agent(store, "w1")
+    ws2, a2 = await workspace_with_agent(store, "w2")
+    ids = [
+        await new_task(store, ws1, a1),
+        await new_task(store, ws1, a1),
+        await new_task(store, ws2, a2),
+    ]
     async with store.read() as conn:
         numbers = [
             (await task_store.get_task(conn, ws, t)).number
@@ -90,17 +57,17 @@ async def test_task_numbers_count_per_workspace(store: Store) -> None:
 
 
 async def test_concurrent_task_creation_gets_distinct_numbers(store: Store) -> None:
-    ws, agent = await _workspace_with_agent(store)
-    await asyncio.gather(*(_task(store, ws, agent) for _ in range(20)))
+    ws, agent = await workspace_with_agent(store)
+    await asyncio.gather(*(new_task(store, ws, agent) for _ in range(20)))
     async with store.read() as conn:
         numbers = sorted((await conn.execute(sa.select(tasks.c.number))).scalars())
     assert numbers == list(range(1, 21))
 
 
 async def test_another_workspace_cannot_read_a_task_or_agent(store: Store) -> None:
-    ws1, a1 = await _workspace_with_agent(store, "w1")
-    ws2, _ = await _workspace_with_agent(store, "w2")
-    task_id, _ = await _task(store, ws1, a1)
+    ws1, a1 = await workspace_with_agent(store, "w1")
+    ws2, _ = await workspace_with_agent(store, "w2")
+    task_id, _ = await new_task(store, ws1, a1)
     async with store.read() as conn:
         assert await task_store.get_task(conn, ws1, task_id) is not None
         assert await task_store.get_task(conn, ws2, task_id) is None
@@ -108,9 +75,9 @@ async def test_another_workspace_cannot_read_a_task_or_agent(store: Store) -> No
 
 
 async def test_claim_takes_oldest_first_and_marks_task_running(store: Store) -> None:
-    ws, agent = await _workspace_with_agent(store)
-    older, _ = await _task(store, ws, agent, NOW)
-    await _task(store, ws, agent, NOW + timedelta(seconds=1))
+    ws, agent = await workspace_with_agent(store)
+    older, _ = await new_task(store, ws, agent, NOW)
+    await new_task(store, ws, agent, NOW + timedelta(seconds=1))
     async with store.write() as conn:
         claims = await run_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)
     async with store.read() as conn:
@@ -125,9 +92,9 @@ async def test_claim_takes_oldest_first_and_marks_task_running(store: Store) -> 
 
 
 async def test_concurrent_claimers_never_share_a_run(store: Store) -> None:
-    ws, agent = await _workspace_with_agent(store)
+    ws, agent = await workspace_with_agent(store)
     for _ in range(40):
-        await _task(store, ws, agent)
+        await new_task(store, ws, agent)
 
     async def claimer(name: str) -> list[uuid.UUID]:
         got: list[uuid.UUID] = []
@@ -144,8 +111,8 @@ async def test_concurrent_claimers_never_share_a_run(store: Store) -> None:
 
 
 async def test_finish_is_fenced_by_attempt_and_state(store: Store) -> None:
-    ws, agent = await _workspace_with_agent(store)
-    task_id, run_id = await _task(store, ws, agent)
+    ws, agent = await workspace_with_agent(store)
+    task_id, run_id = await new_task(store, ws, agent)
     async with store.write() as conn:
         (claimed,) = await run_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)
     async with store.write() as conn:
@@ -167,9 +134,9 @@ async def test_finish_is_fenced_by_attempt_and_state(store: Store) -> None:
 
 
 async def test_expired_leases_are_requeued_and_renewed_ones_are_not(store: Store) -> None:
-    ws, agent = await _workspace_with_agent(store)
-    await _task(store, ws, agent)
-    await _task(store, ws, agent)
+    ws, agent = await workspace_with_agent(store)
+    await new_task(store, ws, agent)
+    await new_task(store, ws, agent)
     async with store.write() as conn:
         a, b = await run_store.claim(conn, owner="w", limit=2, now=NOW, lease=LEASE)
         await run_store.renew(conn, owner="w", run_ids=[a.id], now=NOW + LEASE, lease=LEASE)
@@ -180,8 +147,8 @@ async def test_expired_leases_are_requeued_and_renewed_ones_are_not(store: Store
 
 
 async def test_events_are_unique_per_seq_and_read_in_order(store: Store) -> None:
-    ws, agent = await _workspace_with_agent(store)
-    task_id, run_id = await _task(store, ws, agent)
+    ws, agent = await workspace_with_agent(store)
+    task_id, run_id = await new_task(store, ws, agent)
     evs = [RunEvent(run_id, task_id, seq, EventKind.TEXT, {"text": str(seq)}) for seq in (3, 1, 2)]
     async with store.write() as conn:
         await event_store.append(conn, evs, [ws] * 3, NOW)
@@ -196,7 +163,7 @@ async def test_events_are_unique_per_seq_and_read_in_order(store: Store) -> None
 
 
 async def test_api_key_lookup_by_digest_respects_owner_state(store: Store) -> None:
-    ws, _ = await _workspace_with_agent(store)
+    ws, _ = await workspace_with_agent(store)
     secret = b"s" * 32
     key = tokens.new_api_key()
     async with store.write() as conn:
@@ -225,10 +192,10 @@ async def test_api_key_lookup_by_digest_respects_owner_state(store: Store) -> No
 
 
 async def test_a_failed_transaction_leaves_nothing_behind(store: Store) -> None:
-    ws, agent = await _workspace_with_agent(store)
+    ws, agent = await workspace_with_agent(store)
     with pytest.raises(RuntimeError):
         async with store.write() as conn:
-            await _insert(conn, ws, agent, NOW)
+            await insert_task(conn, ws, agent, NOW)
             raise RuntimeError("boom")
     async with store.read() as conn:
         counts = [
@@ -254,8 +221,8 @@ def _refuse(*_a: object, **_k: object) -> object:
 
 @pytest.mark.parametrize("status", [RunStatus.FAILED, RunStatus.CANCELLED])
 async def test_terminal_outcomes_reach_the_task(store: Store, status: RunStatus) -> None:
-    ws, agent = await _workspace_with_agent(store)
-    task_id, run_id = await _task(store, ws, agent)
+    ws, agent = await workspace_with_agent(store)
+    task_id, run_id = await new_task(store, ws, agent)
     async with store.write() as conn:
         (c,) = await run_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)
         outcome = RunOutcome(status, None, "why", None, None, None, None, None, None)
