@@ -252,5 +252,11 @@ def bench(
 
 
 def main() -> None:
-    """Entry point of the `bullpen` console script."""
-    cli()
+    """Entry point of the `bullpen` script; Bullpen's own errors print without a traceback."""
+    from bullpen.errors import BullpenError
+
+    try:
+        cli()
+    except BullpenError as err:
+        console.print(f"[red]error:[/] {err.detail}", highlight=False)
+        raise SystemExit(1) from None

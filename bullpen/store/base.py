@@ -114,11 +114,14 @@ class Store:
 
     async def run_sync(self, fn: Callable[[sa.Connection], T]) -> T:
         """Run `fn` in one write transaction on a synchronous connection (migrations)."""
-        if isinstance(self.engine, sa.Engine):
-            with self.engine.begin() as sync_conn:
-                return fn(sync_conn)
-        async with self.engine.begin() as conn:
-            return await conn.run_sync(fn)
+        try:
+            if isinstance(self.engine, sa.Engine):
+                with self.engine.begin() as sync_conn:
+                    return fn(sync_conn)
+            async with self.engine.begin() as conn:
+                return await conn.run_sync(fn)
+        except _UNAVAILABLE as err:
+            raise Unavailable(f"the database is unreachable: {type(err).__name__}") from err
 
     def pool_status(self) -> tuple[int, int]:
         """(connections in use, pool capacity) for metrics."""

@@ -90,3 +90,11 @@ def test_the_printed_curl_line_streams_a_completion(tmp_path: Path) -> None:
     assert proc.returncode in (0, -signal.SIGTERM), stderr[-2000:]
     assert "Application shutdown complete" in stderr
     assert "bp_" not in stderr.split("Create a task")[-1]  # the key appears only in the banner
+
+
+def test_an_unreachable_database_is_a_clear_error(tmp_path: Path) -> None:
+    env = {**_env(tmp_path), "BULLPEN_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none"}
+    result = _bullpen("migrate", env=env)
+    assert result.returncode == 1
+    assert "the database is unreachable" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
