@@ -50,7 +50,7 @@ async def task_stream(
             while True:
                 event = await live.get(keepalive_s)
                 if live.lagged:
-                    live.lagged = False
+                    live.reset()
                     break  # resume from the store
                 if event is None:
                     yield KEEPALIVE

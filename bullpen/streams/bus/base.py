@@ -19,6 +19,10 @@ class Subscription(Protocol):
         """The next event, or None when `wait_s` seconds pass without one."""
         ...
 
+    def reset(self) -> None:
+        """Drop what is buffered and clear `lagged`; the reader re-reads the store."""
+        ...
+
 
 class Bus(Protocol):
     """Fan-out of committed run events to subscribers."""
