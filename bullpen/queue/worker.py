@@ -88,14 +88,13 @@ class Worker:
             if free > 0:
                 try:
                     async with self._store.write() as conn:
-                        claims = await run_store.claim(
+                        claimed = await run_store.claim(
                             conn,
                             owner=self.owner,
                             limit=min(free, _CLAIM_BATCH),
                             now=self._clock(),
                             lease=self._lease,
                         )
-                        claimed = await run_store.load_claimed(conn, claims)
                 except BullpenError as err:
                     log.warning("claim failed: %s", err.detail)
             for run in claimed:

@@ -43,18 +43,10 @@ class RunOutcome:
     output_tokens: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """A run just taken by a worker: its id and the attempt that fences its writes."""
-
-    id: UUID
-    attempt: int
-
-
 async def claim(
     conn: Connection, *, owner: str, limit: int, now: datetime, lease: timedelta
-) -> list[Claim]:
-    """Take up to `limit` queued runs, oldest first, and mark them running under a lease."""
+) -> list[ClaimedRun]:
+    """Take up to `limit` queued runs, oldest first, under a lease, with what running them needs."""
     # A materialized CTE: as a plain subquery PostgreSQL may re-run the LIMIT per row.
     candidates = (
         sa.select(runs.c.id)
@@ -79,7 +71,7 @@ async def claim(
                 lease_expires_at=now + lease,
                 started_at=now,
             )
-            .returning(runs.c.id, runs.c.task_id, runs.c.attempt)
+            .returning(runs.c.id, runs.c.task_id)
         )
     )
     if not claimed:
@@ -92,20 +84,13 @@ async def claim(
         )
         .values(status=TaskStatus.RUNNING.value, updated_at=now)
     )
-    return [Claim(row.id, row.attempt) for row in claimed]
-
-
-async def load_claimed(conn: Connection, claims: list[Claim]) -> list[ClaimedRun]:
-    """What executing the claimed runs needs (read after the claim commits)."""
-    if not claims:
-        return []
-    attempts = {c.id: c.attempt for c in claims}
     details = await conn.execute(
         sa.select(
             runs.c.id,
             runs.c.task_id,
             runs.c.workspace_id,
             runs.c.agent_id,
+            runs.c.attempt,
             tasks.c.prompt,
             agents.c.adapter,
             agents.c.config,
@@ -115,7 +100,7 @@ async def load_claimed(conn: Connection, claims: list[Claim]) -> list[ClaimedRun
                 agents, agents.c.id == runs.c.agent_id
             )
         )
-        .where(runs.c.id.in_(list(attempts)))
+        .where(runs.c.id.in_([row.id for row in claimed]))
     )
     return [
         ClaimedRun(
@@ -123,7 +108,7 @@ async def load_claimed(conn: Connection, claims: list[Claim]) -> list[ClaimedRun
             task_id=row.task_id,
             workspace_id=row.workspace_id,
             agent_id=row.agent_id,
-            attempt=attempts[row.id],
+            attempt=row.attempt,
             prompt=row.prompt,
             agent_adapter=row.adapter,
             agent_config=dict(row.config),

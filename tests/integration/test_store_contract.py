@@ -79,9 +79,7 @@ async def test_claim_takes_oldest_first_and_marks_task_running(store: Store) -> 
     older, _ = await new_task(store, ws, agent, NOW)
     await new_task(store, ws, agent, NOW + timedelta(seconds=1))
     async with store.write() as conn:
-        claims = await run_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)
-    async with store.read() as conn:
-        claimed = await run_store.load_claimed(conn, claims)
+        claimed = await run_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)
     assert [c.task_id for c in claimed] == [older]
     assert claimed[0].attempt == 1 and claimed[0].agent_adapter == "llm"
     async with store.read() as conn:
