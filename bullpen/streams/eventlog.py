@@ -41,7 +41,7 @@ class RunWriter:
         """Append a text delta; consecutive deltas become one event per flush window."""
         if delta:
             # The first text of a run skips the coalescing window: time to first token counts.
-            urgent = not self._text and not self._streamed
+            urgent = not self._streamed
             self._streamed = True
             self._text.append(delta)
             self._log.mark_dirty(self, urgent=urgent)
