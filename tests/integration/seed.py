@@ -6,6 +6,8 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from bullpen.domain import tokens
+from bullpen.domain.principal import Role
 from bullpen.store import agents as agent_store
 from bullpen.store import identity
 from bullpen.store import tasks as task_store
@@ -53,3 +55,25 @@ async def new_task(
     async with store.write() as conn:
         created, run = await insert_task(conn, ws, agent, when)
     return created.id, run.id
+
+
+async def member_with_key(
+    conn: Connection, ws: uuid.UUID, *, role: Role, secret: bytes, email: str, now: datetime
+) -> tuple[uuid.UUID, str]:
+    """A user with `role` in `ws` and an API key of theirs; returns (key id, key)."""
+    key = tokens.new_api_key()
+    user = await identity.create_user(
+        conn, email=email, name=email, password_hash="x", is_instance_admin=False, now=now
+    )
+    await identity.add_member(conn, workspace_id=ws, user_id=user, role=role, now=now)
+    key_id = await identity.create_api_key(
+        conn,
+        workspace_id=ws,
+        user_id=user,
+        name="k",
+        prefix=tokens.visible_prefix(key),
+        digest=tokens.digest(secret, key),
+        scopes=["*"],
+        now=now,
+    )
+    return key_id, key

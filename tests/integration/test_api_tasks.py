@@ -11,12 +11,12 @@ import sqlalchemy as sa
 
 from bullpen.agents.llm import DEFAULT_SYSTEM_PROMPT
 from bullpen.bench.simprovider import completion_tokens
-from bullpen.domain import tokens
 from bullpen.domain.principal import Role
 from bullpen.store import agents as agent_store
 from bullpen.store import identity
 from bullpen.store.tables import audit_events, run_events, tasks
 from tests.conftest import RunningServer
+from tests.integration.seed import member_with_key
 from tests.integration.sse import read_events, text_of
 
 PROMPT = "Analyze this dataset and extract key metrics"
@@ -178,24 +178,12 @@ async def _other_workspace(server: RunningServer) -> tuple[Any, Any, str]:
     """A second workspace with an agent and a member's key."""
     svc = server.services
     now = svc.clock()
-    key = tokens.new_api_key()
     async with svc.store.write() as conn:
         ws = await identity.create_workspace(
             conn, name="Other", slug="other", task_key="OT", now=now
         )
-        user = await identity.create_user(
-            conn, email="o@x.io", name="o", password_hash="x", is_instance_admin=False, now=now
-        )
-        await identity.add_member(conn, workspace_id=ws, user_id=user, role=Role.MEMBER, now=now)
-        await identity.create_api_key(
-            conn,
-            workspace_id=ws,
-            user_id=user,
-            name="k",
-            prefix=tokens.visible_prefix(key),
-            digest=tokens.digest(svc.secret, key),
-            scopes=["*"],
-            now=now,
+        _, key = await member_with_key(
+            conn, ws, role=Role.MEMBER, secret=svc.secret, email="o@x.io", now=now
         )
         agent = await agent_store.create_agent(
             conn, workspace_id=ws, name="theirs", title="", adapter="llm", config={}, now=now

@@ -23,7 +23,7 @@ from bullpen.store import tasks as task_store
 from bullpen.store.base import Store
 from bullpen.store.runs import RunOutcome
 from bullpen.store.tables import audit_events, metadata, runs, tasks
-from tests.integration.seed import NOW, insert_task, new_task, workspace_with_agent
+from tests.integration.seed import NOW, insert_task, member_with_key, new_task, workspace_with_agent
 
 LEASE = timedelta(seconds=30)
 
@@ -163,21 +163,9 @@ async def test_events_are_unique_per_seq_and_read_in_order(store: Store) -> None
 async def test_api_key_lookup_by_digest_respects_owner_state(store: Store) -> None:
     ws, _ = await workspace_with_agent(store)
     secret = b"s" * 32
-    key = tokens.new_api_key()
     async with store.write() as conn:
-        user = await identity.create_user(
-            conn, email="A@x.io", name="a", password_hash="h", is_instance_admin=False, now=NOW
-        )
-        await identity.add_member(conn, workspace_id=ws, user_id=user, role=Role.VIEWER, now=NOW)
-        key_id = await identity.create_api_key(
-            conn,
-            workspace_id=ws,
-            user_id=user,
-            name="k",
-            prefix=tokens.visible_prefix(key),
-            digest=tokens.digest(secret, key),
-            scopes=["*"],
-            now=NOW,
+        key_id, key = await member_with_key(
+            conn, ws, role=Role.VIEWER, secret=secret, email="a@x.io", now=NOW
         )
     async with store.read() as conn:
         record = await identity.find_api_key(conn, tokens.digest(secret, key))
