@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy import event, exc
+from sqlalchemy import exc
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.base import Executable
@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 _UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError, OSError)
 _CHECKPOINT_EVERY_S = 2.0
+# Execution option marking SQLite write transactions: the engine begins them IMMEDIATE.
+WRITE_OPTION = "bullpen_write"
 T = TypeVar("T")
 
 
@@ -57,16 +59,6 @@ class InlineConnection:
         return fn(self.sync_connection)
 
 
-def _sqlite_autocommit(dbapi_connection: Any, _record: Any) -> None:
-    # Let SQLAlchemy, not the driver, decide when transactions begin (see _sqlite_begin).
-    dbapi_connection.isolation_level = None
-
-
-def _sqlite_begin(conn: Any) -> None:
-    mode = "IMMEDIATE" if conn.get_execution_options().get("bullpen_write") else "DEFERRED"
-    conn.exec_driver_sql(f"BEGIN {mode}")
-
-
 class Store:
     """Access to the database for every aggregate module; the only holder of the engine."""
 
@@ -78,9 +70,6 @@ class Store:
         self._write_lock = asyncio.Lock() if self.is_sqlite else None
         self._checkpointer: asyncio.Task[None] | None = None
         self._lock_fd: int | None = None
-        if isinstance(engine, sa.Engine):
-            event.listen(engine, "connect", _sqlite_autocommit)
-            event.listen(engine, "begin", _sqlite_begin)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[Connection]:
@@ -103,7 +92,7 @@ class Store:
                 assert self._write_lock is not None
                 async with self._write_lock:
                     with self.engine.connect() as sync_conn:
-                        sync_conn = sync_conn.execution_options(bullpen_write=True)
+                        sync_conn = sync_conn.execution_options(**{WRITE_OPTION: True})
                         with sync_conn.begin():
                             yield InlineConnection(sync_conn)
                 return

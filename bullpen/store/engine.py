@@ -10,7 +10,7 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from bullpen.settings import Settings
-from bullpen.store.base import Store
+from bullpen.store.base import WRITE_OPTION, Store
 
 # Connections are never held across an await, so a few suffice; a short timeout turns a
 # misuse (holding one while suspended) into an error instead of a stalled event loop.
@@ -23,7 +23,9 @@ def _json_dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Let SQLAlchemy, not the driver, decide when transactions begin (see _sqlite_begin).
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
@@ -32,6 +34,11 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     # Checkpoints run on a worker thread (Store._checkpoint_loop), never on the event loop.
     cursor.execute("PRAGMA wal_autocheckpoint=0")
     cursor.close()
+
+
+def _sqlite_begin(conn: Any) -> None:
+    mode = "IMMEDIATE" if conn.get_execution_options().get(WRITE_OPTION) else "DEFERRED"
+    conn.exec_driver_sql(f"BEGIN {mode}")
 
 
 def create_store(settings: Settings) -> Store:
@@ -50,7 +57,8 @@ def create_store(settings: Settings) -> Store:
             pool_timeout=_SQLITE_POOL_TIMEOUT_S,
             connect_args={"check_same_thread": False},
         )
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", _sqlite_connect)
+        event.listen(engine, "begin", _sqlite_begin)
         return Store(engine, sqlite_path=path)
     return Store(
         create_async_engine(
