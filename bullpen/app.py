@@ -16,6 +16,8 @@ from bullpen.metrics import build_registry
 from bullpen.queue.worker import Worker
 from bullpen.services.auth import AuthService
 from bullpen.services.bootstrap import SIMULATED_MODEL, SIMULATED_PROVIDER
+from bullpen.services.housekeeping import Housekeeper
+from bullpen.services.ratelimit import CallerLimits, FailureWindow, TokenBuckets
 from bullpen.services.secrets import load_secret
 from bullpen.services.tasks import TaskService
 from bullpen.settings import Settings
@@ -45,6 +47,7 @@ class Services:
     worker: Worker | None
     auth: AuthService
     tasks: TaskService
+    limits: CallerLimits
     metrics: CollectorRegistry
     clock: Callable[[], datetime]
     simulator: SimulatedProvider | None
@@ -114,6 +117,7 @@ async def build(
                     clock=clock,
                 )
             )
+        await stack.enter_async_context(Housekeeper(store, clock, settings.housekeeping_interval_s))
         readers: dict[str, tuple[str, Callable[[], float]]] = {
             "bullpen_sse_subscribers": ("Live SSE subscribers", lambda: bus.subscriber_count),
             "bullpen_event_commits": ("Event log group commits", lambda: eventlog.commits),
@@ -135,8 +139,37 @@ async def build(
             gateway=gateway,
             providers=providers,
             worker=worker,
-            auth=AuthService(store, secret, clock),
-            tasks=TaskService(store, clock, worker.notify if worker else _no_worker),
+            auth=AuthService(
+                store,
+                secret,
+                clock,
+                login_failures=FailureWindow(
+                    limit=settings.login_max_failures, window_s=settings.login_window_s
+                ),
+                login_failures_per_client=FailureWindow(
+                    limit=settings.login_max_failures_per_client, window_s=settings.login_window_s
+                ),
+                session_ttl=timedelta(seconds=settings.session_ttl_s),
+            ),
+            tasks=TaskService(
+                store,
+                clock,
+                on_enqueued=worker.notify if worker else _no_worker,
+                cancel_local=worker.cancel if worker else _not_held,
+                publish=bus.publish,
+            ),
+            limits=CallerLimits(
+                TokenBuckets(
+                    rate=settings.rate_limit_key_rps,
+                    burst=settings.rate_limit_key_burst,
+                    what="this API key or user",
+                ),
+                TokenBuckets(
+                    rate=settings.rate_limit_workspace_rps,
+                    burst=settings.rate_limit_workspace_burst,
+                    what="this workspace",
+                ),
+            ),
             metrics=build_registry(readers),
             clock=clock,
             simulator=simulator,
@@ -145,3 +178,8 @@ async def build(
 
 def _no_worker() -> None:
     """Runs are picked up by worker processes elsewhere."""
+
+
+async def _not_held(_run_id: object) -> bool:
+    """No run executes in a process without a worker."""
+    return False

@@ -1,13 +1,17 @@
 """Bullpen's one error tree; HTTP mapping happens only in `bullpen.api.problems`.
 
 BullpenError
+├── BadRequest            400  a malformed header or parameter outside the body
 ├── InvalidInput          422  a field or value is wrong
+│   └── IdempotencyKeyMismatch   the key was used with a different request
 ├── Unauthenticated       401  no or bad credentials
 ├── Forbidden             403  authenticated, not allowed
 ├── NotFound              404  missing, or another workspace's
 ├── Conflict              409  state does not allow it
+│   └── IdempotencyKeyInUse      the same key's first request is still in flight
 ├── PayloadTooLarge       413
 ├── UnsupportedMediaType  415
+├── RateLimited           429  slow down (always with retry_after)
 ├── Unavailable           503  a dependency (database) is away
 └── ProviderError         502  an LLM provider call failed
 """
@@ -37,12 +41,27 @@ class BullpenError(Exception):
         self.errors = errors
 
 
+class BadRequest(BullpenError):
+    """A header or parameter is malformed (e.g. an Idempotency-Key)."""
+
+    status = 400
+    slug = "bad-request"
+    title = "Bad request"
+
+
 class InvalidInput(BullpenError):
     """A request field or value is not acceptable."""
 
     status = 422
     slug = "validation"
     title = "Invalid request"
+
+
+class IdempotencyKeyMismatch(InvalidInput):
+    """An Idempotency-Key was reused with a different request."""
+
+    slug = "idempotency-key-mismatch"
+    title = "Idempotency key reused with a different request"
 
 
 class Unauthenticated(BullpenError):
@@ -77,6 +96,13 @@ class Conflict(BullpenError):
     title = "Conflict"
 
 
+class IdempotencyKeyInUse(Conflict):
+    """A request with the same Idempotency-Key is still being processed."""
+
+    slug = "idempotency-key-in-use"
+    title = "Idempotency key in use"
+
+
 class PayloadTooLarge(BullpenError):
     """The request body is over the configured limit."""
 
@@ -91,6 +117,14 @@ class UnsupportedMediaType(BullpenError):
     status = 415
     slug = "unsupported-media-type"
     title = "Unsupported media type"
+
+
+class RateLimited(BullpenError):
+    """Too many requests from this caller or workspace; retry after `retry_after` seconds."""
+
+    status = 429
+    slug = "rate-limited"
+    title = "Too many requests"
 
 
 class Unavailable(BullpenError):

@@ -29,6 +29,18 @@ class Settings(BaseSettings):
     page_size_max: int = Field(default=100, ge=1)
     sse_keepalive_s: float = Field(default=15.0, gt=0)
 
+    # Identity and the API contract.
+    rate_limit_key_rps: float = Field(default=50.0, gt=0)
+    rate_limit_key_burst: int = Field(default=100, ge=1)
+    rate_limit_workspace_rps: float = Field(default=200.0, gt=0)
+    rate_limit_workspace_burst: int = Field(default=400, ge=1)
+    login_max_failures: int = Field(default=5, ge=1)
+    login_max_failures_per_client: int = Field(default=50, ge=1)
+    login_window_s: float = Field(default=900.0, gt=0)
+    idempotency_ttl_s: float = Field(default=86_400.0, ge=60)
+    session_ttl_s: float = Field(default=7 * 86_400.0, ge=60)
+    housekeeping_interval_s: float = Field(default=300.0, gt=0)
+
     # Worker.
     worker_enabled: bool = True
     worker_concurrency: int = Field(default=256, ge=1)

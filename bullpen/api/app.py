@@ -6,14 +6,27 @@ import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bullpen import __version__
-from bullpen.api import problems
+from bullpen.api import openapi, problems
+from bullpen.api.deps import access_of
 from bullpen.api.limits import BodyLimit
-from bullpen.api.routes import system, tasks, ui
+from bullpen.api.routes import (
+    agents,
+    api_keys,
+    audit,
+    members,
+    runs,
+    system,
+    tasks,
+    ui,
+    users,
+    workspaces,
+)
 from bullpen.app import build
 from bullpen.settings import Settings
 
@@ -50,6 +63,20 @@ class SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
+API_ROUTERS: list[APIRouter] = [
+    module.router for module in (workspaces, members, users, api_keys, agents, tasks, runs, audit)
+]
+
+
+def _document_access(router: APIRouter) -> None:
+    """Publish each API route's declared access in OpenAPI as `x-bullpen-access`."""
+    for route in router.routes:
+        if isinstance(route, APIRoute):
+            declared = access_of(route)
+            if declared is not None:
+                route.openapi_extra = {**(route.openapi_extra or {}), "x-bullpen-access": declared}
+
+
 def create_app(settings: Settings) -> FastAPI:
     """The HTTP application; its lifespan starts and stops every service."""
 
@@ -73,7 +100,10 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(SecurityHeaders)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.include_router(system.router)
-    app.include_router(tasks.router)
+    for router in API_ROUTERS:
+        _document_access(router)
+        app.include_router(router)
     app.include_router(ui.router)
+    openapi.install(app)
     app.mount("/static", StaticFiles(directory=ui.WEB / "static"), name="static")
     return app

@@ -1,19 +1,43 @@
-"""Request dependencies: services, the caller, content-type checks."""
+"""Request dependencies: services, the caller and what it may do, content-type checks.
+
+Every `/api/v1` route takes its caller from `require(permission)` (or `instance_admin`), which
+authenticates (API key, or session cookie plus CSRF proof on unsafe methods), applies the rate
+limits, and refuses with 403 (audited) when the permission is missing.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import Depends, Request, Security
+from fastapi.security import APIKeyCookie, APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from bullpen.app import Services
+from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
-from bullpen.errors import Unauthenticated, UnsupportedMediaType
+from bullpen.errors import Forbidden, Unauthenticated, UnsupportedMediaType
+from bullpen.store import audit
 
 SESSION_COOKIE = "bullpen_session"
+CSRF_HEADER = "X-CSRF-Token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+SAFE_SITES = frozenset({"same-origin", "none"})
 
-bearer = HTTPBearer(auto_error=False, description="A Bullpen API key (`bp_…`)")
+bearer = HTTPBearer(auto_error=False, description="A Bullpen API key (`bp_…`).")
+session_cookie = APIKeyCookie(
+    name=SESSION_COOKIE,
+    auto_error=False,
+    description=(
+        "The web UI's session. Unsafe methods also need the session's CSRF token in "
+        f"`{CSRF_HEADER}` and must not be cross-site (Fetch Metadata)."
+    ),
+)
+csrf_header = APIKeyHeader(
+    name=CSRF_HEADER,
+    auto_error=False,
+    description="CSRF token of the session (shown in the UI), for cookie-authenticated writes.",
+    scheme_name="CSRFToken",
+)
 
 
 def services(request: Request) -> Services:
@@ -25,28 +49,75 @@ def services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(services)]
 
 
-async def api_key_principal(
-    svc: ServicesDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-) -> Principal:
-    """The caller of a mutating API route: API keys only (cookies cannot trigger writes)."""
-    if credentials is None:
-        raise Unauthenticated("send `Authorization: Bearer <api key>`")
-    return await svc.auth.authenticate_key(credentials.credentials)
+def check_same_site(request: Request) -> None:
+    """Fetch Metadata: refuse cross-site state changes before anything else."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in SAFE_SITES:
+        raise Forbidden("cross-site request refused")
 
 
-async def read_principal(
+async def authenticate(
     request: Request,
     svc: ServicesDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],
+    session_id: Annotated[str | None, Security(session_cookie)],
 ) -> Principal:
-    """The caller of a read-only route: an API key, or the signed-in browser session."""
+    """The caller: an API key, else the session cookie (with CSRF proof when unsafe)."""
     if credentials is not None:
-        return await svc.auth.authenticate_key(credentials.credentials)
-    session_id = request.cookies.get(SESSION_COOKIE)
-    if session_id:
-        return (await svc.auth.authenticate_session(session_id)).principal
-    raise Unauthenticated("send `Authorization: Bearer <api key>` or sign in")
+        principal = await svc.auth.authenticate_key(credentials.credentials)
+    elif session_id:
+        principal = (await svc.auth.authenticate_session(session_id)).principal
+        if request.method not in SAFE_METHODS:
+            check_same_site(request)
+            token = request.headers.get(CSRF_HEADER, "")
+            if not svc.auth.check_csrf(session_id, token):
+                raise Forbidden(f"missing or wrong CSRF token (send it in `{CSRF_HEADER}`)")
+    else:
+        raise Unauthenticated("send `Authorization: Bearer <api key>` or sign in")
+    svc.limits.take(principal.scope_id, str(principal.workspace_id))
+    return principal
+
+
+Caller = Annotated[Principal, Depends(authenticate)]
+
+
+def require(permission: Permission) -> Any:
+    """A dependency giving the caller, refusing (403, audited) without `permission`."""
+
+    async def dependency(request: Request, principal: Caller, svc: ServicesDep) -> Principal:
+        if not principal.can(permission):
+            await _audit_denial(svc, principal, request, str(permission))
+            raise Forbidden(f"this needs the `{permission}` permission")
+        return principal
+
+    dependency.bullpen_access = str(permission)  # type: ignore[attr-defined]
+    return Depends(dependency)
+
+
+async def _instance_admin(request: Request, principal: Caller, svc: ServicesDep) -> Principal:
+    if not principal.is_instance_admin:
+        await _audit_denial(svc, principal, request, "instance:admin")
+        raise Forbidden("only an instance admin may do this")
+    return principal
+
+
+_instance_admin.bullpen_access = "instance:admin"  # type: ignore[attr-defined]
+instance_admin: Any = Depends(_instance_admin)
+
+
+async def _audit_denial(svc: Services, principal: Principal, request: Request, needed: str) -> None:
+    async with svc.store.write() as conn:
+        await audit.record(
+            conn,
+            workspace_id=principal.workspace_id,
+            actor_type=principal.actor_type,
+            actor_id=principal.actor_id,
+            action="access.denied",
+            target_type="route",
+            target_id=None,
+            now=svc.clock(),
+            data={"method": request.method, "path": request.url.path, "needs": needed},
+        )
 
 
 def require_json(request: Request) -> None:
@@ -56,5 +127,13 @@ def require_json(request: Request) -> None:
         raise UnsupportedMediaType("send the body as `Content-Type: application/json`")
 
 
-WriterDep = Annotated[Principal, Depends(api_key_principal)]
-ReaderDep = Annotated[Principal, Depends(read_principal)]
+def access_of(route: Any) -> str | None:
+    """The access a route declares (its `require`/`instance_admin` dependency), or None."""
+    stack = [route.dependant]
+    while stack:
+        dependant = stack.pop()
+        declared = getattr(dependant.call, "bullpen_access", None)
+        if declared is not None:
+            return str(declared)
+        stack.extend(dependant.dependencies)
+    return None

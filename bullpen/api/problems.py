@@ -62,10 +62,8 @@ def _retry_headers(retry_after: float | None) -> dict[str, str] | None:
     return {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
 
 
-async def _bullpen_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, BullpenError)
-    if exc.status >= 500:
-        log.warning("%s %s -> %s: %s", request.method, request.url.path, exc.status, exc.detail)
+def from_error(exc: BullpenError, instance: str) -> Response:
+    """The problem+json response for one of Bullpen's errors."""
     headers = _retry_headers(exc.retry_after) or {}
     if exc.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
@@ -74,10 +72,17 @@ async def _bullpen_error(request: Request, exc: Exception) -> Response:
         exc.slug,
         exc.title,
         exc.detail,
-        instance=request.url.path,
+        instance=instance,
         errors=exc.errors,
         headers=headers or None,
     )
+
+
+async def _bullpen_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, BullpenError)
+    if exc.status >= 500:
+        log.warning("%s %s -> %s: %s", request.method, request.url.path, exc.status, exc.detail)
+    return from_error(exc, request.url.path)
 
 
 def _field_errors(exc: RequestValidationError) -> list[dict[str, Any]]:

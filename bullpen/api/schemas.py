@@ -3,13 +3,34 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 PROMPT_MIN = 10
 PROMPT_MAX = 2000
+TITLE_MAX = 200
+LABELS_MAX = 20
+COMMENT_MAX = 10_000
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+
+# Printable text without control characters (keeps logs, headers and SSE frames intact).
+_TEXT = r"^[^\x00-\x1f\x7f]*$"
+Title = Annotated[
+    str, StringConstraints(min_length=1, max_length=TITLE_MAX, strip_whitespace=True, pattern=_TEXT)
+]
+Label = Annotated[
+    str, StringConstraints(min_length=1, max_length=50, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")
+]
+Priority = Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX, strict=True)]
+Labels = Annotated[list[Label], Field(max_length=LABELS_MAX)]
+
+
+class Strict(BaseModel):
+    """Request bodies: unknown fields are refused (no mass assignment)."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class TaskCreate(BaseModel):
@@ -29,12 +50,64 @@ class TaskCreate(BaseModel):
 
     prompt: str = Field(min_length=PROMPT_MIN, max_length=PROMPT_MAX, strict=True)
     agent_id: UUID
+    title: Title | None = Field(default=None, description="Defaults to the prompt's first line.")
+    priority: Priority = Field(default=0, description="Higher runs first.")
+    labels: Labels = Field(default_factory=list)
+
+
+class TaskUpdate(Strict):
+    """Change a task's title, priority or labels (send only what changes)."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"priority": 5, "labels": ["q3"]}]}
+    )
+
+    title: Title | None = None
+    priority: Priority | None = None
+    labels: Labels | None = None
+
+
+class CommentCreate(Strict):
+    """A comment on a task."""
+
+    body: str = Field(min_length=1, max_length=COMMENT_MAX, examples=["Looks good."])
+
+
+class CommentPublic(BaseModel):
+    """A comment on a task."""
+
+    id: UUID
+    task_id: UUID
+    author_type: str
+    author_id: UUID | None
+    body: str
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> CommentPublic:
+        """Build from a `task_comments` row."""
+        return cls(
+            id=row.id,
+            task_id=row.task_id,
+            author_type=row.author_type,
+            author_id=row.author_id,
+            body=row.body,
+            created_at=row.created_at,
+        )
+
+
+class CommentPage(BaseModel):
+    """A page of comments, oldest first."""
+
+    items: list[CommentPublic]
+    next_cursor: str | None
 
 
 class RunPublic(BaseModel):
     """One attempt of an agent on a task."""
 
     id: UUID
+    task_id: UUID
     status: str
     attempt: int
     queued_at: datetime
@@ -53,6 +126,7 @@ class RunPublic(BaseModel):
         """Build from a `runs` row."""
         return cls(
             id=row.id,
+            task_id=row.task_id,
             status=row.status,
             attempt=row.attempt,
             queued_at=row.queued_at,
@@ -78,6 +152,7 @@ class TaskPublic(BaseModel):
     agent_id: UUID
     status: str
     priority: int
+    labels: list[str]
     result: str | None
     error: str | None
     created_at: datetime
@@ -95,12 +170,19 @@ class TaskPublic(BaseModel):
             agent_id=task.agent_id,
             status=task.status,
             priority=task.priority,
+            labels=list(task.labels),
             result=task.result,
             error=task.error,
             created_at=task.created_at,
             updated_at=task.updated_at,
             run=RunPublic.from_row(run) if run is not None else None,
         )
+
+
+class RunList(BaseModel):
+    """A task's runs, oldest first."""
+
+    items: list[RunPublic]
 
 
 class TaskPage(BaseModel):
@@ -119,3 +201,37 @@ class Problem(BaseModel):
     detail: str
     instance: str | None = None
     errors: list[dict[str, Any]] | None = None
+
+
+class AuditEventPublic(BaseModel):
+    """One audited change (or refused attempt)."""
+
+    id: UUID
+    actor_type: str
+    actor_id: UUID | None
+    action: str = Field(examples=["task.create"])
+    target_type: str
+    target_id: UUID | None
+    data: dict[str, Any]
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> AuditEventPublic:
+        """Build from an `audit_events` row."""
+        return cls(
+            id=row.id,
+            actor_type=row.actor_type,
+            actor_id=row.actor_id,
+            action=row.action,
+            target_type=row.target_type,
+            target_id=row.target_id,
+            data=dict(row.data),
+            created_at=row.created_at,
+        )
+
+
+class AuditPage(BaseModel):
+    """A page of audit events, newest first."""
+
+    items: list[AuditEventPublic]
+    next_cursor: str | None

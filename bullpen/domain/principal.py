@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 from uuid import UUID
+
+if TYPE_CHECKING:
+    from bullpen.domain.access import Permission
 
 
 class Role(StrEnum):
@@ -25,6 +29,9 @@ class Principal:
     api_key_id: UUID | None
     role: Role
     via: str  # "api_key" or "session"
+    permissions: frozenset[Permission] = field(default_factory=frozenset)
+    agent_id: UUID | None = None
+    is_instance_admin: bool = False
 
     @property
     def actor_type(self) -> str:
@@ -37,6 +44,12 @@ class Principal:
         return self.api_key_id if self.api_key_id is not None else self.user_id
 
     @property
-    def can_write(self) -> bool:
-        """Viewers read; everyone else may create and change tasks."""
-        return self.role is not Role.VIEWER
+    def scope_id(self) -> str:
+        """The caller as one string (idempotency scopes, rate-limit buckets)."""
+        if self.api_key_id is not None:
+            return f"key:{self.api_key_id}"
+        return f"user:{self.user_id}"
+
+    def can(self, permission: Permission) -> bool:
+        """Whether this caller holds `permission` in its workspace."""
+        return permission in self.permissions

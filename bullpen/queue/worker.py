@@ -55,11 +55,22 @@ class Worker:
         self.owner = f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._wake = asyncio.Event()
         self._inflight: dict[UUID, asyncio.Task[None]] = {}
+        self._cancelled: set[UUID] = set()
         self._tasks: list[asyncio.Task[None]] = []
 
     def notify(self) -> None:
         """Wake the claim loop now (a run was enqueued in this process)."""
         self._wake.set()
+
+    async def cancel(self, run_id: UUID, *, wait_s: float = 5.0) -> bool:
+        """Stop a run this process executes and end it `cancelled`; False if not held here."""
+        task = self._inflight.get(run_id)
+        if task is None:
+            return False
+        self._cancelled.add(run_id)
+        task.cancel()
+        await asyncio.wait([task], timeout=wait_s)
+        return True
 
     @property
     def inflight(self) -> int:
@@ -112,6 +123,7 @@ class Worker:
 
     def _done(self, run_id: UUID, _task: asyncio.Task[None]) -> None:
         self._inflight.pop(run_id, None)
+        self._cancelled.discard(run_id)
         if len(self._inflight) == self._concurrency - 1:
             self._wake.set()  # the worker was full: queued runs may be waiting for this slot
 
@@ -145,11 +157,18 @@ class Worker:
             if run.agent_adapter != "llm":
                 raise BullpenError(f"adapter {run.agent_adapter!r} is not available yet")
             outcome = await run_llm(run, writer, self._gateway, self._providers)
+        except asyncio.CancelledError:
+            if run.id not in self._cancelled:
+                raise  # shutdown: the lease expires and the run is delivered again
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+            outcome = _ended(RunStatus.CANCELLED, "cancelled on request")
         except BullpenError as err:
-            outcome = _failed(err.detail)
+            outcome = _ended(RunStatus.FAILED, err.detail)
         except Exception:
             log.exception("run %s crashed", run.id)
-            outcome = _failed("internal error while executing the run")
+            outcome = _ended(RunStatus.FAILED, "internal error while executing the run")
         now = self._clock()
 
         async def change(conn: Connection) -> bool:
@@ -168,9 +187,9 @@ class Worker:
             log.warning("run %s attempt %s lost its lease; result dropped", run.id, run.attempt)
 
 
-def _failed(error: str) -> RunOutcome:
+def _ended(status: RunStatus, error: str) -> RunOutcome:
     return RunOutcome(
-        status=RunStatus.FAILED,
+        status=status,
         result=None,
         error=error,
         first_token_at=None,

@@ -7,17 +7,19 @@ import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from uuid import UUID
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
 from bullpen.domain import tokens
+from bullpen.domain.access import AGENT_PERMISSIONS, ROLE_PERMISSIONS, effective, parse_scopes
 from bullpen.domain.principal import Principal
 from bullpen.errors import Unauthenticated
+from bullpen.services.ratelimit import FailureWindow
 from bullpen.store import identity
 from bullpen.store.base import Store
 
-SESSION_TTL = timedelta(days=7)
 _TOUCH_EVERY = timedelta(seconds=60)  # last_used_at precision; keeps writes off the hot path
 
 # RFC 9106's second recommended profile (64 MiB, t=3, p=4), above OWASP's argon2id floor.
@@ -40,11 +42,23 @@ def hash_password(password: str) -> str:
 class AuthService:
     """Turns credentials into a Principal, or refuses with Unauthenticated."""
 
-    def __init__(self, store: Store, secret: bytes, clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        secret: bytes,
+        clock: Callable[[], datetime],
+        *,
+        login_failures: FailureWindow,
+        login_failures_per_client: FailureWindow,
+        session_ttl: timedelta,
+    ) -> None:
         self._store = store
         self._secret = secret
         self._clock = clock
         self._dummy_hash = PASSWORDS.hash("not-a-real-password")
+        self._by_email = login_failures
+        self._by_client = login_failures_per_client
+        self.session_ttl = session_ttl
 
     async def authenticate_key(self, token: str) -> Principal:
         """The principal an API key acts as."""
@@ -63,12 +77,18 @@ class AuthService:
         if record.last_used_at is None or now - record.last_used_at > _TOUCH_EVERY:
             async with self._store.write() as conn:
                 await identity.touch_api_key(conn, record.id, now)
+        granted = (
+            AGENT_PERMISSIONS if record.agent_id is not None else ROLE_PERMISSIONS[record.role]
+        )
         return Principal(
             workspace_id=record.workspace_id,
             user_id=record.user_id,
             api_key_id=record.id,
             role=record.role,
             via="api_key",
+            permissions=effective(granted, parse_scopes(record.scopes)),
+            agent_id=record.agent_id,
+            is_instance_admin=record.is_instance_admin and record.agent_id is None,
         )
 
     async def authenticate_session(self, session_id: str) -> SessionPrincipal:
@@ -85,19 +105,31 @@ class AuthService:
             api_key_id=None,
             role=record.role,
             via="session",
+            permissions=ROLE_PERMISSIONS[record.role],
+            is_instance_admin=record.is_instance_admin,
         )
         return SessionPrincipal(principal, record.email)
 
-    async def sign_in(self, email: str, password: str) -> str:
-        """Check a password and open a new session; returns the session id for the cookie."""
+    async def sign_in(self, email: str, password: str, *, client: str) -> str:
+        """Check a password and open a new session; returns the session id for the cookie.
+
+        Failures are counted per email (known or not, so the answer never tells which) and
+        per client address; past the threshold the answer is RateLimited with a wait.
+        """
+        email = email.strip().lower()[:320]
+        self._by_email.check(email)
+        self._by_client.check(client)
         async with self._store.read() as conn:
-            user = await identity.find_user_for_login(conn, email[:320])
+            user = await identity.find_user_for_login(conn, email)
             membership = await identity.first_membership(conn, user.id) if user else None
         stored = user.password_hash if user is not None else self._dummy_hash
         # Verify even for unknown users so both cases cost the same.
         ok = await asyncio.to_thread(_verify, stored, password[:1024])
         if user is None or not ok or membership is None:
+            self._by_email.fail(email)
+            self._by_client.fail(client)
             raise Unauthenticated("wrong email or password")
+        self._by_email.reset(email)
         session_id = tokens.new_session_id()
         now = self._clock()
         async with self._store.write() as conn:
@@ -107,9 +139,17 @@ class AuthService:
                 user_id=user.id,
                 workspace_id=membership[0],
                 now=now,
-                expires_at=now + SESSION_TTL,
+                expires_at=now + self.session_ttl,
             )
         return session_id
+
+    async def verify_password(self, user_id: UUID, password: str) -> bool:
+        """Whether `password` is the user's current one (for a password change)."""
+        async with self._store.read() as conn:
+            stored = await identity.password_hash(conn, user_id)
+        if stored is None:
+            return False
+        return await asyncio.to_thread(_verify, stored, password[:1024])
 
     async def sign_out(self, session_id: str) -> None:
         """End a session (unknown ids are ignored)."""

@@ -1,18 +1,25 @@
-"""Task use cases: create (with its run, atomically, audited), read, list."""
+"""Task use cases: create (with its run, atomically), update, cancel, retry, comment, read.
+
+Every change commits with its audit event in one transaction.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from bullpen.domain.access import Permission
+from bullpen.domain.events import EventKind, RunEvent
 from bullpen.domain.principal import Principal
-from bullpen.errors import Forbidden, NotFound
+from bullpen.domain.status import RunStatus, TaskStatus, task_can_move
+from bullpen.errors import Conflict, Forbidden, NotFound
 from bullpen.store import agents as agent_store
 from bullpen.store import audit
+from bullpen.store import events as event_store
 from bullpen.store import tasks as task_store
-from bullpen.store.base import Store
+from bullpen.store.base import Connection, Store
 from bullpen.store.tasks import TaskPage
 
 TITLE_CHARS = 80
@@ -24,57 +31,77 @@ def title_from_prompt(prompt: str) -> str:
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
 
 
+def need(principal: Principal, permission: Permission) -> None:
+    """Refuse unless the caller holds `permission` (the API checks first; the UI relies on it)."""
+    if not principal.can(permission):
+        raise Forbidden(f"this needs the `{permission}` permission")
+
+
 class TaskService:
-    """Creates and reads tasks within the caller's workspace."""
+    """Creates, changes and reads tasks within the caller's workspace."""
 
     def __init__(
-        self, store: Store, clock: Callable[[], datetime], on_enqueued: Callable[[], None]
+        self,
+        store: Store,
+        clock: Callable[[], datetime],
+        *,
+        on_enqueued: Callable[[], None],
+        cancel_local: Callable[[UUID], Awaitable[bool]],
+        publish: Callable[[list[RunEvent]], None],
     ) -> None:
         self._store = store
         self._clock = clock
         self._on_enqueued = on_enqueued
+        self._cancel_local = cancel_local
+        self._publish = publish
 
-    async def create(self, principal: Principal, *, prompt: str, agent_id: UUID) -> tuple[Any, Any]:
+    async def create(
+        self,
+        principal: Principal,
+        *,
+        prompt: str,
+        agent_id: UUID,
+        title: str | None = None,
+        priority: int = 0,
+        labels: list[str] | None = None,
+    ) -> tuple[Any, Any]:
         """Create a task and enqueue its run in one transaction; returns the stored task."""
-        if not principal.can_write:
-            raise Forbidden("viewers cannot create tasks")
+        need(principal, Permission.TASKS_WRITE)
         now = self._clock()
         async with self._store.write() as conn:
             agent = await agent_store.get_agent(conn, principal.workspace_id, agent_id)
             if agent is None:
                 raise NotFound("no such agent in this workspace")
             if agent.status != "active":
-                raise Forbidden(f"agent {agent.name!r} is {agent.status}")
+                raise Conflict(f"agent {agent.name!r} is {agent.status}")
             task, run = await task_store.insert_task_with_run(
                 conn,
                 workspace_id=principal.workspace_id,
                 agent_id=agent_id,
-                title=title_from_prompt(prompt),
+                title=title or title_from_prompt(prompt),
                 prompt=prompt,
                 creator_user_id=principal.user_id,
                 creator_key_id=principal.api_key_id,
                 now=now,
+                priority=priority,
+                labels=labels,
             )
-            await audit.record(
+            await audit.record_by(
                 conn,
-                workspace_id=principal.workspace_id,
-                actor_type=principal.actor_type,
-                actor_id=principal.actor_id,
-                action="task.create",
-                target_type="task",
-                target_id=task.id,
-                now=now,
-                data={"agent_id": str(agent_id), "run_id": str(run.id)},
+                principal,
+                "task.create",
+                "task",
+                task.id,
+                now,
+                {"agent_id": str(agent_id), "run_id": str(run.id)},
             )
-        self._on_enqueued()
+            self._store.after_commit(self._on_enqueued)
         return task, run
 
     async def get(self, principal: Principal, task_id: UUID) -> tuple[Any, Any]:
         """The task and its latest run; another workspace's task is NotFound."""
         async with self._store.read() as conn:
-            task = await task_store.get_task(conn, principal.workspace_id, task_id)
-            if task is None:
-                raise NotFound("no such task")
+            task = await self._task(conn, principal, task_id)
             run_rows = await task_store.runs_for_tasks(conn, [task_id])
         return task, run_rows.get(task_id)
 
@@ -84,12 +111,145 @@ class TaskService:
         *,
         limit: int,
         after: tuple[datetime, UUID] | None,
-        status: str | None,
+        status: str | None = None,
+        agent_id: UUID | None = None,
+        label: str | None = None,
     ) -> tuple[TaskPage, dict[UUID, Any]]:
         """A page of tasks, newest first, with each one's latest run."""
         async with self._store.read() as conn:
             page = await task_store.list_tasks(
-                conn, principal.workspace_id, limit=limit, after=after, status=status
+                conn,
+                principal.workspace_id,
+                limit=limit,
+                after=after,
+                status=status,
+                agent_id=agent_id,
+                label=label,
+                dialect=self._store.dialect,
             )
             run_rows = await task_store.runs_for_tasks(conn, [row.id for row in page.rows])
         return page, run_rows
+
+    async def update(
+        self, principal: Principal, task_id: UUID, changes: dict[str, Any]
+    ) -> tuple[Any, Any]:
+        """Change a task's title, priority or labels (only those keys)."""
+        need(principal, Permission.TASKS_WRITE)
+        allowed = {"title", "priority", "labels"}
+        if not changes.keys() <= allowed:
+            raise Forbidden(f"only {sorted(allowed)} may be changed")
+        now = self._clock()
+        async with self._store.write() as conn:
+            before = await self._task(conn, principal, task_id)
+            if changes:
+                await task_store.update_task(conn, principal.workspace_id, task_id, changes, now)
+                await audit.record_by(
+                    conn,
+                    principal,
+                    "task.update",
+                    "task",
+                    task_id,
+                    now,
+                    {
+                        "before": {k: getattr(before, k) for k in changes},
+                        "after": changes,
+                    },
+                )
+        return await self.get(principal, task_id)
+
+    async def cancel(self, principal: Principal, task_id: UUID) -> tuple[Any, Any]:
+        """Cancel a task: a queued run ends at once, a running one is stopped by its worker."""
+        need(principal, Permission.TASKS_WRITE)
+        task, run = await self.get(principal, task_id)
+        if task.status == TaskStatus.CANCELLED.value:
+            return task, run  # cancelling twice is a no-op
+        if not task_can_move(TaskStatus(task.status), TaskStatus.CANCELLED):
+            raise Conflict(f"a {task.status} task cannot be cancelled")
+        if run is not None and run.status == RunStatus.RUNNING.value:
+            if await self._cancel_local(run.id):
+                async with self._store.write() as conn:
+                    await audit.record_by(
+                        conn, principal, "task.cancel", "task", task_id, self._clock()
+                    )
+                return await self.get(principal, task_id)
+        now = self._clock()
+        async with self._store.write() as conn:
+            ended: RunEvent | None = None
+            if run is not None and await task_store.cancel_queued_run(conn, run.id, now):
+                seq = await event_store.last_seq(conn, run.id) + 1
+                ended = RunEvent(run.id, task_id, seq, EventKind.END, {"status": "cancelled"})
+                await event_store.append(conn, [ended], [principal.workspace_id], now)
+            if not await task_store.set_task_status(
+                conn, task_id, TaskStatus.CANCELLED, now, error="cancelled on request"
+            ):
+                raise Conflict("the task changed state meanwhile; fetch it and retry")
+            await audit.record_by(conn, principal, "task.cancel", "task", task_id, now)
+            if ended is not None:
+                self._store.after_commit(lambda: self._publish([ended]))
+        return await self.get(principal, task_id)
+
+    async def retry(self, principal: Principal, task_id: UUID) -> tuple[Any, Any]:
+        """Queue a new run of a failed or cancelled task."""
+        need(principal, Permission.TASKS_WRITE)
+        now = self._clock()
+        async with self._store.write() as conn:
+            task = await self._task(conn, principal, task_id)
+            if task.status not in (TaskStatus.FAILED.value, TaskStatus.CANCELLED.value):
+                raise Conflict(f"only failed or cancelled tasks can be retried, not {task.status}")
+            agent = await agent_store.get_agent(conn, principal.workspace_id, task.agent_id)
+            if agent is None or agent.status != "active":
+                raise Conflict("the task's agent is not active")
+            await task_store.set_task_status(
+                conn, task_id, TaskStatus.QUEUED, now, result=None, error=None
+            )
+            run = await task_store.insert_run(conn, task_id, principal.workspace_id, agent.id, now)
+            await audit.record_by(
+                conn, principal, "task.retry", "task", task_id, now, {"run_id": str(run.id)}
+            )
+            self._store.after_commit(self._on_enqueued)
+        return await self.get(principal, task_id)
+
+    async def comment(self, principal: Principal, task_id: UUID, body: str) -> Any:
+        """Add a comment to a task."""
+        need(principal, Permission.TASKS_WRITE)
+        now = self._clock()
+        async with self._store.write() as conn:
+            await self._task(conn, principal, task_id)
+            row = await task_store.add_comment(
+                conn,
+                workspace_id=principal.workspace_id,
+                task_id=task_id,
+                author_type=principal.actor_type,
+                author_id=principal.actor_id,
+                body=body,
+                now=now,
+            )
+            await audit.record_by(
+                conn, principal, "task.comment", "task", task_id, now, {"comment_id": str(row.id)}
+            )
+        return row
+
+    async def comments(
+        self,
+        principal: Principal,
+        task_id: UUID,
+        *,
+        limit: int,
+        after: tuple[datetime, UUID] | None,
+    ) -> TaskPage:
+        """A page of a task's comments, oldest first."""
+        async with self._store.read() as conn:
+            await self._task(conn, principal, task_id)
+            return await task_store.list_comments(conn, task_id, limit=limit, after=after)
+
+    async def runs(self, principal: Principal, task_id: UUID) -> Sequence[Any]:
+        """Every run of a task, oldest first."""
+        async with self._store.read() as conn:
+            await self._task(conn, principal, task_id)
+            return await task_store.list_runs(conn, task_id)
+
+    async def _task(self, conn: Connection, principal: Principal, task_id: UUID) -> Any:
+        task = await task_store.get_task(conn, principal.workspace_id, task_id)
+        if task is None:
+            raise NotFound("no such task")
+        return task

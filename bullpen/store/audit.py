@@ -7,6 +7,9 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import sqlalchemy as sa
+
+from bullpen.domain.principal import Principal
 from bullpen.store.base import Connection
 from bullpen.store.tables import audit_events
 
@@ -37,3 +40,59 @@ async def record(
             created_at=now,
         )
     )
+
+
+async def record_by(
+    conn: Connection,
+    principal: Principal,
+    action: str,
+    target_type: str,
+    target_id: UUID | None,
+    now: datetime,
+    data: dict[str, Any] | None = None,
+) -> None:
+    """Append an audit event whose actor is the caller, in its workspace."""
+    await record(
+        conn,
+        workspace_id=principal.workspace_id,
+        actor_type=principal.actor_type,
+        actor_id=principal.actor_id,
+        action=action,
+        target_type=target_type,
+        target_id=target_id,
+        now=now,
+        data=data,
+    )
+
+
+async def list_events(
+    conn: Connection,
+    workspace_id: UUID,
+    *,
+    limit: int,
+    after: tuple[datetime, UUID] | None,
+    action: str | None = None,
+    target_id: UUID | None = None,
+    actor_id: UUID | None = None,
+) -> tuple[list[Any], tuple[datetime, UUID] | None]:
+    """A page of the workspace's audit events, newest first, and where the next starts."""
+    c = audit_events.c
+    query = sa.select(audit_events).where(c.workspace_id == workspace_id)
+    if action is not None:
+        query = query.where(c.action == action)
+    if target_id is not None:
+        query = query.where(c.target_id == target_id)
+    if actor_id is not None:
+        query = query.where(c.actor_id == actor_id)
+    if after is not None:
+        created, last_id = after
+        query = query.where(
+            sa.or_(c.created_at < created, sa.and_(c.created_at == created, c.id < last_id))
+        )
+    rows = list(
+        await conn.execute(query.order_by(c.created_at.desc(), c.id.desc()).limit(limit + 1))
+    )
+    if len(rows) <= limit:
+        return rows, None
+    rows = rows[:limit]
+    return rows, (rows[-1].created_at, rows[-1].id)

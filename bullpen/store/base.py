@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import fcntl
 import logging
 import os
@@ -59,8 +60,36 @@ class InlineConnection:
         return fn(self.sync_connection)
 
 
+class _Ambient:
+    """The write transaction open in this task, joined by nested read()/write() calls."""
+
+    __slots__ = ("after_commit", "conn", "owner")
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.after_commit: list[Callable[[], None]] = []
+        # Tasks spawned inside the transaction inherit the context var; only its owner joins.
+        self.owner = asyncio.current_task()
+
+
+def _ambient() -> _Ambient | None:
+    ambient = _AMBIENT.get()
+    return ambient if ambient is not None and ambient.owner is asyncio.current_task() else None
+
+
+_AMBIENT: contextvars.ContextVar[_Ambient | None] = contextvars.ContextVar(
+    "bullpen_ambient_tx", default=None
+)
+
+
 class Store:
-    """Access to the database for every aggregate module; the only holder of the engine."""
+    """Access to the database for every aggregate module; the only holder of the engine.
+
+    A `write()` opened while another is open in the same task joins it (one commit for both):
+    the API opens the outer transaction when a request's own rows (an idempotency key) must
+    commit with what the service writes. `after_commit` callbacks run once the outermost
+    transaction has committed.
+    """
 
     def __init__(self, engine: AsyncEngine | sa.Engine, *, sqlite_path: str | None = None) -> None:
         self.engine = engine
@@ -73,7 +102,11 @@ class Store:
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[Connection]:
-        """A read-only transaction."""
+        """A read-only transaction (inside an open write transaction: that one)."""
+        ambient = _ambient()
+        if ambient is not None:
+            yield ambient.conn
+            return
         try:
             if isinstance(self.engine, sa.Engine):
                 with self.engine.connect() as sync_conn, sync_conn.begin():
@@ -87,19 +120,45 @@ class Store:
     @asynccontextmanager
     async def write(self) -> AsyncIterator[Connection]:
         """A read-write transaction (SQLite: BEGIN IMMEDIATE, one writer at a time)."""
+        ambient = _ambient()
+        if ambient is not None:
+            yield ambient.conn
+            return
+        callbacks: list[Callable[[], None]] = []
         try:
-            if isinstance(self.engine, sa.Engine):
-                assert self._write_lock is not None
-                async with self._write_lock:
-                    with self.engine.connect() as sync_conn:
-                        sync_conn = sync_conn.execution_options(**{WRITE_OPTION: True})
-                        with sync_conn.begin():
-                            yield InlineConnection(sync_conn)
-                return
-            async with self.engine.begin() as conn:
-                yield conn
+            async with self._begin_write() as conn:
+                tx = _Ambient(conn)
+                token = _AMBIENT.set(tx)
+                try:
+                    yield conn
+                finally:
+                    _AMBIENT.reset(token)
+                    callbacks = tx.after_commit
         except _UNAVAILABLE as err:
             raise Unavailable("the database is unreachable; retry shortly", retry_after=1) from err
+        for callback in callbacks:
+            callback()
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the open write transaction commits (now if none is open)."""
+        ambient = _ambient()
+        if ambient is None:
+            callback()
+        else:
+            ambient.after_commit.append(callback)
+
+    @asynccontextmanager
+    async def _begin_write(self) -> AsyncIterator[Connection]:
+        if isinstance(self.engine, sa.Engine):
+            assert self._write_lock is not None
+            async with self._write_lock:
+                with self.engine.connect() as sync_conn:
+                    sync_conn = sync_conn.execution_options(**{WRITE_OPTION: True})
+                    with sync_conn.begin():
+                        yield InlineConnection(sync_conn)
+            return
+        async with self.engine.begin() as conn:
+            yield conn
 
     async def run_sync(self, fn: Callable[[sa.Connection], T]) -> T:
         """Run `fn` in one write transaction on a synchronous connection (migrations)."""

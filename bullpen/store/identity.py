@@ -24,6 +24,8 @@ class KeyRecord:
     user_id: UUID | None
     agent_id: UUID | None
     role: Role
+    scopes: list[str]
+    is_instance_admin: bool
     expires_at: datetime | None
     revoked_at: datetime | None
     last_used_at: datetime | None
@@ -38,6 +40,7 @@ class SessionRecord:
     role: Role
     expires_at: datetime
     email: str
+    is_instance_admin: bool
 
 
 async def create_workspace(
@@ -127,7 +130,9 @@ _KEY_LOOKUP = (
         api_keys.c.expires_at,
         api_keys.c.revoked_at,
         api_keys.c.last_used_at,
+        api_keys.c.scopes,
         memberships.c.role,
+        users.c.is_instance_admin,
     )
     .select_from(
         api_keys.outerjoin(
@@ -157,6 +162,8 @@ async def find_api_key(conn: Connection, digest: bytes) -> KeyRecord | None:
         user_id=row.user_id,
         agent_id=row.agent_id,
         role=role,
+        scopes=list(row.scopes),
+        is_instance_admin=bool(row.is_instance_admin),
         expires_at=row.expires_at,
         revoked_at=row.revoked_at,
         last_used_at=row.last_used_at,
@@ -177,6 +184,18 @@ async def find_user_for_login(conn: Connection, email: str) -> Any | None:
             )
         )
     ).first()
+
+
+async def password_hash(conn: Connection, user_id: UUID) -> str | None:
+    """The enabled user's password hash, or None."""
+    row = (
+        await conn.execute(
+            sa.select(users.c.password_hash).where(
+                users.c.id == user_id, users.c.disabled_at.is_(None)
+            )
+        )
+    ).first()
+    return str(row.password_hash) if row else None
 
 
 async def first_membership(conn: Connection, user_id: UUID) -> tuple[UUID, Role] | None:
@@ -223,6 +242,7 @@ async def find_session(conn: Connection, digest: bytes) -> SessionRecord | None:
                 sessions.c.expires_at,
                 memberships.c.role,
                 users.c.email,
+                users.c.is_instance_admin,
             )
             .select_from(
                 sessions.join(users, users.c.id == sessions.c.user_id).join(
@@ -244,12 +264,26 @@ async def find_session(conn: Connection, digest: bytes) -> SessionRecord | None:
         role=Role(row.role),
         expires_at=row.expires_at,
         email=row.email,
+        is_instance_admin=bool(row.is_instance_admin),
     )
 
 
 async def delete_session(conn: Connection, digest: bytes) -> None:
     """End a session."""
     await conn.execute(sessions.delete().where(sessions.c.digest == digest))
+
+
+async def delete_user_sessions(conn: Connection, user_id: UUID) -> int:
+    """End every session of a user (password change, disable); returns how many."""
+    result = await conn.execute(sessions.delete().where(sessions.c.user_id == user_id))
+    return int(result.rowcount)
+
+
+async def delete_expired_sessions(conn: Connection, now: datetime, limit: int) -> int:
+    """Delete up to `limit` expired sessions; returns how many."""
+    doomed = sa.select(sessions.c.digest).where(sessions.c.expires_at <= now).limit(limit)
+    result = await conn.execute(sessions.delete().where(sessions.c.digest.in_(doomed)))
+    return int(result.rowcount)
 
 
 async def count_users(conn: Connection) -> int:

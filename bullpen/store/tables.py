@@ -100,6 +100,7 @@ sessions = sa.Table(
     _created(),
     sa.Column("expires_at", UTCDateTime, nullable=False),
     sa.Index("ix_sessions_user_id", "user_id"),
+    sa.Index("ix_sessions_expires_at", "expires_at"),
 )
 
 agents = sa.Table(
@@ -149,12 +150,27 @@ tasks = sa.Table(
     sa.Column("creator_key_id", sa.Uuid, sa.ForeignKey("api_keys.id", ondelete="SET NULL")),
     sa.Column("status", sa.String(24), nullable=False),
     sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("labels", JSONType, nullable=False, server_default="[]"),
     sa.Column("result", sa.Text),
     sa.Column("error", sa.Text),
     _created(),
     sa.Column("updated_at", UTCDateTime, nullable=False),
     sa.UniqueConstraint("workspace_id", "number", name="uq_tasks_workspace_number"),
     sa.Index("ix_tasks_workspace_created", "workspace_id", "created_at", "id"),
+    sa.Index("ix_tasks_workspace_status_created", "workspace_id", "status", "created_at", "id"),
+)
+
+task_comments = sa.Table(
+    "task_comments",
+    metadata,
+    _id(),
+    _workspace_fk(),
+    sa.Column("task_id", sa.Uuid, sa.ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("author_type", sa.String(16), nullable=False),
+    sa.Column("author_id", sa.Uuid),
+    sa.Column("body", sa.Text, nullable=False),
+    _created(),
+    sa.Index("ix_task_comments_task_created", "task_id", "created_at", "id"),
 )
 
 runs = sa.Table(
@@ -208,4 +224,21 @@ audit_events = sa.Table(
     sa.Column("data", JSONType, nullable=False),
     _created(),
     sa.Index("ix_audit_events_workspace_created", "workspace_id", "created_at"),
+)
+
+idempotency_keys = sa.Table(
+    "idempotency_keys",
+    metadata,
+    _workspace_fk(),
+    sa.Column("principal", sa.String(64), nullable=False),
+    sa.Column("route", sa.String(300), nullable=False),
+    sa.Column("key", sa.String(255), nullable=False),
+    sa.Column("fingerprint", sa.LargeBinary(32), nullable=False),
+    sa.Column("status_code", sa.Integer, nullable=False),
+    sa.Column("headers", JSONType, nullable=False),
+    sa.Column("body", sa.LargeBinary, nullable=False),
+    _created(),
+    sa.Column("expires_at", UTCDateTime, nullable=False),
+    sa.PrimaryKeyConstraint("workspace_id", "principal", "route", "key"),
+    sa.Index("ix_idempotency_keys_expires_at", "expires_at"),
 )

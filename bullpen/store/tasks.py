@@ -11,9 +11,9 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
-from bullpen.domain.status import RunStatus, TaskStatus
+from bullpen.domain.status import RunStatus, TaskStatus, task_sources
 from bullpen.store.base import Connection
-from bullpen.store.tables import runs, tasks, workspaces
+from bullpen.store.tables import runs, task_comments, tasks, workspaces
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +50,8 @@ async def insert_task_with_run(
     creator_user_id: UUID | None,
     creator_key_id: UUID | None,
     now: datetime,
+    priority: int = 0,
+    labels: list[str] | None = None,
 ) -> tuple[SimpleNamespace, SimpleNamespace]:
     """Create a queued task and its queued run; returns both as stored (no read-back)."""
     number, task_key = await next_task_number(conn, workspace_id)
@@ -63,25 +65,118 @@ async def insert_task_with_run(
         "creator_user_id": creator_user_id,
         "creator_key_id": creator_key_id,
         "status": TaskStatus.QUEUED.value,
-        "priority": 0,
+        "priority": priority,
+        "labels": labels or [],
         "result": None,
         "error": None,
         "created_at": now,
         "updated_at": now,
     }
+    await conn.execute(tasks.insert().values(**task))
+    run = await insert_run(conn, task["id"], workspace_id, agent_id, now)  # type: ignore[arg-type]
+    return SimpleNamespace(**task, task_key=task_key), run
+
+
+async def insert_run(
+    conn: Connection, task_id: UUID, workspace_id: UUID, agent_id: UUID, now: datetime
+) -> SimpleNamespace:
+    """Enqueue a run of a task; returns it as stored."""
     run = {
         "id": uuid.uuid4(),
         "workspace_id": workspace_id,
-        "task_id": task["id"],
+        "task_id": task_id,
         "agent_id": agent_id,
         "status": RunStatus.QUEUED.value,
         "attempt": 0,
         "queued_at": now,
     }
-    await conn.execute(tasks.insert().values(**task))
     await conn.execute(runs.insert().values(**run))
-    empty_run = {c.name: None for c in runs.c}
-    return SimpleNamespace(**task, task_key=task_key), SimpleNamespace(**{**empty_run, **run})
+    return SimpleNamespace(**{**{c.name: None for c in runs.c}, **run})
+
+
+async def update_task(
+    conn: Connection, workspace_id: UUID, task_id: UUID, values: dict[str, Any], now: datetime
+) -> bool:
+    """Change a task's editable fields; False if it is not in this workspace."""
+    result = await conn.execute(
+        tasks.update()
+        .where(tasks.c.id == task_id, tasks.c.workspace_id == workspace_id)
+        .values(**values, updated_at=now)
+    )
+    return int(result.rowcount) == 1
+
+
+async def set_task_status(
+    conn: Connection, task_id: UUID, status: TaskStatus, now: datetime, **values: Any
+) -> bool:
+    """Move a task to `status` if the state machine allows it from where it is now."""
+    result = await conn.execute(
+        tasks.update()
+        .where(tasks.c.id == task_id, tasks.c.status.in_([s.value for s in task_sources(status)]))
+        .values(status=status.value, updated_at=now, **values)
+    )
+    return int(result.rowcount) == 1
+
+
+async def cancel_queued_run(conn: Connection, run_id: UUID, now: datetime) -> bool:
+    """End a run that no worker holds; False if it is no longer queued."""
+    result = await conn.execute(
+        runs.update()
+        .where(runs.c.id == run_id, runs.c.status.in_([RunStatus.QUEUED.value]))
+        .values(status=RunStatus.CANCELLED.value, finished_at=now, error="cancelled on request")
+    )
+    return int(result.rowcount) == 1
+
+
+async def list_runs(conn: Connection, task_id: UUID) -> list[Any]:
+    """Every run of a task, oldest first."""
+    return list(
+        await conn.execute(
+            sa.select(runs).where(runs.c.task_id == task_id).order_by(runs.c.queued_at, runs.c.id)
+        )
+    )
+
+
+async def add_comment(
+    conn: Connection,
+    *,
+    workspace_id: UUID,
+    task_id: UUID,
+    author_type: str,
+    author_id: UUID | None,
+    body: str,
+    now: datetime,
+) -> SimpleNamespace:
+    """Append a comment to a task; returns it as stored."""
+    row = {
+        "id": uuid.uuid4(),
+        "workspace_id": workspace_id,
+        "task_id": task_id,
+        "author_type": author_type,
+        "author_id": author_id,
+        "body": body,
+        "created_at": now,
+    }
+    await conn.execute(task_comments.insert().values(**row))
+    return SimpleNamespace(**row)
+
+
+async def list_comments(
+    conn: Connection, task_id: UUID, *, limit: int, after: tuple[datetime, UUID] | None
+) -> TaskPage:
+    """A page of a task's comments, oldest first, keyset-paginated on (created_at, id)."""
+    c = task_comments.c
+    query = sa.select(task_comments).where(c.task_id == task_id)
+    if after is not None:
+        created, last_id = after
+        query = query.where(
+            sa.or_(c.created_at > created, sa.and_(c.created_at == created, c.id > last_id))
+        )
+    rows = list(await conn.execute(query.order_by(c.created_at, c.id).limit(limit + 1)))
+    if len(rows) <= limit:
+        return TaskPage(rows=rows, next_after=None)
+    rows = rows[:limit]
+    return TaskPage(rows=rows, next_after=(rows[-1].created_at, rows[-1].id))
 
 
 async def get_task(conn: Connection, workspace_id: UUID, task_id: UUID) -> Any | None:
@@ -102,6 +197,9 @@ async def list_tasks(
     limit: int,
     after: tuple[datetime, UUID] | None,
     status: str | None = None,
+    agent_id: UUID | None = None,
+    label: str | None = None,
+    dialect: str = "sqlite",
 ) -> TaskPage:
     """A page of the workspace's tasks, newest first, keyset-paginated on (created_at, id)."""
     query = (
@@ -113,6 +211,10 @@ async def list_tasks(
     )
     if status is not None:
         query = query.where(tasks.c.status == status)
+    if agent_id is not None:
+        query = query.where(tasks.c.agent_id == agent_id)
+    if label is not None:
+        query = query.where(_has_label(label, dialect))
     if after is not None:
         created, last_id = after
         query = query.where(
@@ -136,3 +238,11 @@ async def runs_for_tasks(conn: Connection, task_ids: list[UUID]) -> dict[UUID, A
         sa.select(runs).where(runs.c.task_id.in_(task_ids)).order_by(runs.c.queued_at)
     )
     return {row.task_id: row for row in result}
+
+
+def _has_label(label: str, dialect: str) -> sa.ColumnElement[bool]:
+    if dialect == "postgresql":
+        array = sa.func.jsonb_build_array(sa.cast(label, sa.String))
+        return tasks.c.labels.op("@>")(array)
+    each = sa.func.json_each(tasks.c.labels).table_valued("value")
+    return sa.exists(sa.select(1).select_from(each).where(each.c.value == label))

@@ -1,60 +1,111 @@
-"""/api/v1/tasks: create, read, list, and stream a task's events."""
+"""/api/v1/tasks: create, read, list, change, cancel, retry, comment, runs, and the SSE stream."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Header, Query, Response
 from fastapi.responses import StreamingResponse
 
-from bullpen.api import cursor
-from bullpen.api.deps import ReaderDep, ServicesDep, WriterDep, require_json
-from bullpen.api.schemas import Problem, TaskCreate, TaskPage, TaskPublic
+from bullpen.api import cursor, docs
+from bullpen.api.deps import ServicesDep, require, require_json
+from bullpen.api.idempotency import Idempotent
+from bullpen.api.schemas import (
+    CommentCreate,
+    CommentPage,
+    CommentPublic,
+    RunList,
+    RunPublic,
+    TaskCreate,
+    TaskPage,
+    TaskPublic,
+    TaskUpdate,
+)
+from bullpen.domain.access import Permission
+from bullpen.domain.principal import Principal
 from bullpen.domain.status import TaskStatus
-from bullpen.errors import InvalidInput, NotFound
-from bullpen.store import tasks as task_store
+from bullpen.errors import InvalidInput
 from bullpen.streams.sse import task_stream
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"])
 
-_PROBLEMS: dict[int | str, dict[str, Any]] = {
-    code: {"model": Problem, "content": {"application/problem+json": {}}}
-    for code in (401, 404, 413, 415, 422, 503)
-}
+Reader = Annotated[Principal, require(Permission.TASKS_READ)]
+Writer = Annotated[Principal, require(Permission.TASKS_WRITE)]
+TaskId = Annotated[UUID, docs.path_id("task")]
+PageSize = Annotated[int, Query(ge=1, le=100, description="Page size (max 100)")]
+Cursor = Annotated[
+    str | None,
+    Query(alias="cursor", max_length=200, description="`next_cursor` of the previous page"),
+]
 
 LAST_EVENT_ID_MAX = 2**31 - 1
+_TASK_LINKS = {
+    "GetTask": docs.link("getTask", task_id="$response.body#/id"),
+    "UpdateTask": docs.link("updateTask", task_id="$response.body#/id"),
+    "CancelTask": docs.link("cancelTask", task_id="$response.body#/id"),
+    "ListRuns": docs.link("listTaskRuns", task_id="$response.body#/id"),
+    "AddComment": docs.link("addTaskComment", task_id="$response.body#/id"),
+}
 
 
 @router.post(
     "",
+    operation_id="createTask",
     status_code=201,
     response_model=TaskPublic,
     dependencies=[Depends(require_json)],
-    responses=_PROBLEMS,
+    responses={
+        **docs.created(TaskPublic, "The task, queued", _TASK_LINKS),
+        **docs.problems(*docs.WRITE),
+    },
     summary="Create a task and enqueue its first run",
 )
 async def create_task(
-    body: TaskCreate, principal: WriterDep, svc: ServicesDep, response: Response
-) -> TaskPublic:
+    body: TaskCreate, principal: Writer, svc: ServicesDep, idem: Idempotent
+) -> Response:
     """Create a task for an agent of the caller's workspace; its run is queued atomically."""
-    task, run = await svc.tasks.create(principal, prompt=body.prompt, agent_id=body.agent_id)
-    response.headers["Location"] = f"/api/v1/tasks/{task.id}"
-    return TaskPublic.from_rows(task, run)
+    async with idem.begin(principal) as tx:
+        if tx.replayed is not None:
+            return tx.replayed
+        task, run = await svc.tasks.create(
+            principal,
+            prompt=body.prompt,
+            agent_id=body.agent_id,
+            title=body.title,
+            priority=body.priority,
+            labels=body.labels,
+        )
+        return tx.respond(201, TaskPublic.from_rows(task, run), location=f"/api/v1/tasks/{task.id}")
 
 
-@router.get("", response_model=TaskPage, responses=_PROBLEMS, summary="List tasks")
+@router.get(
+    "",
+    operation_id="listTasks",
+    response_model=TaskPage,
+    responses=docs.problems(*docs.READ),
+    summary="List tasks",
+)
 async def list_tasks(
-    principal: ReaderDep,
+    principal: Reader,
     svc: ServicesDep,
-    limit: Annotated[int, Query(ge=1, le=100, description="Page size (max 100)")] = 20,
-    cursor_: Annotated[str | None, Query(alias="cursor", max_length=200)] = None,
-    status: Annotated[TaskStatus | None, Query()] = None,
+    limit: PageSize = 20,
+    cursor_: Cursor = None,
+    status: Annotated[TaskStatus | None, Query(description="Only tasks in this status")] = None,
+    agent_id: Annotated[UUID | None, Query(description="Only tasks of this agent")] = None,
+    label: Annotated[
+        str | None, Query(max_length=50, description="Only tasks with this label")
+    ] = None,
 ) -> TaskPage:
     """The workspace's tasks, newest first, keyset-paginated."""
     after = cursor.decode(cursor_) if cursor_ else None
     page, runs = await svc.tasks.list(
-        principal, limit=limit, after=after, status=status.value if status else None
+        principal,
+        limit=limit,
+        after=after,
+        status=status.value if status else None,
+        agent_id=agent_id,
+        label=label,
     )
     return TaskPage(
         items=[TaskPublic.from_rows(row, runs.get(row.id)) for row in page.rows],
@@ -62,33 +113,163 @@ async def list_tasks(
     )
 
 
-@router.get("/{task_id}", response_model=TaskPublic, responses=_PROBLEMS, summary="Get a task")
-async def get_task(task_id: UUID, principal: ReaderDep, svc: ServicesDep) -> TaskPublic:
+@router.get(
+    "/{task_id}",
+    operation_id="getTask",
+    response_model=TaskPublic,
+    responses=docs.problems(*docs.READ),
+    summary="Get a task",
+)
+async def get_task(task_id: TaskId, principal: Reader, svc: ServicesDep) -> TaskPublic:
     """One task with its latest run."""
     task, run = await svc.tasks.get(principal, task_id)
     return TaskPublic.from_rows(task, run)
 
 
+@router.patch(
+    "/{task_id}",
+    operation_id="updateTask",
+    response_model=TaskPublic,
+    dependencies=[Depends(require_json)],
+    responses=docs.problems(*docs.WRITE),
+    summary="Change a task's title, priority or labels",
+)
+async def update_task(
+    task_id: TaskId, body: TaskUpdate, principal: Writer, svc: ServicesDep
+) -> TaskPublic:
+    """Only the fields sent change; `null` is not a value for any of them."""
+    changes = body.model_dump(exclude_unset=True)
+    nulls = [name for name, value in changes.items() if value is None]
+    if nulls:
+        raise InvalidInput(
+            "these fields cannot be null",
+            errors=[
+                {"location": "body", "field": n, "message": "cannot be null", "code": "null"}
+                for n in nulls
+            ],
+        )
+    task, run = await svc.tasks.update(principal, task_id, changes)
+    return TaskPublic.from_rows(task, run)
+
+
+@router.post(
+    "/{task_id}/cancel",
+    operation_id="cancelTask",
+    response_model=TaskPublic,
+    responses=docs.problems(*docs.WRITE),
+    summary="Cancel a task",
+)
+async def cancel_task(task_id: TaskId, principal: Writer, svc: ServicesDep) -> TaskPublic:
+    """A queued run ends at once; a running one is stopped. Cancelling twice is a no-op."""
+    task, run = await svc.tasks.cancel(principal, task_id)
+    return TaskPublic.from_rows(task, run)
+
+
+@router.post(
+    "/{task_id}/retry",
+    operation_id="retryTask",
+    status_code=201,
+    response_model=TaskPublic,
+    responses={
+        **docs.created(TaskPublic, "The task with its new queued run"),
+        **docs.problems(*docs.WRITE),
+    },
+    summary="Run a failed or cancelled task again",
+)
+async def retry_task(
+    task_id: TaskId, principal: Writer, svc: ServicesDep, idem: Idempotent
+) -> Response:
+    """Queue a new run of the task (a new attempt history entry)."""
+    async with idem.begin(principal) as tx:
+        if tx.replayed is not None:
+            return tx.replayed
+        task, run = await svc.tasks.retry(principal, task_id)
+        return tx.respond(201, TaskPublic.from_rows(task, run), location=f"/api/v1/runs/{run.id}")
+
+
+@router.get(
+    "/{task_id}/runs",
+    operation_id="listTaskRuns",
+    response_model=RunList,
+    responses=docs.problems(*docs.READ),
+    summary="List a task's runs",
+)
+async def list_runs(task_id: TaskId, principal: Reader, svc: ServicesDep) -> RunList:
+    """Every run (attempt history) of the task, oldest first."""
+    rows = await svc.tasks.runs(principal, task_id)
+    return RunList(items=[RunPublic.from_row(row) for row in rows])
+
+
+@router.post(
+    "/{task_id}/comments",
+    operation_id="addTaskComment",
+    status_code=201,
+    response_model=CommentPublic,
+    dependencies=[Depends(require_json)],
+    responses={
+        **docs.created(CommentPublic, "The comment"),
+        **docs.problems(*docs.WRITE),
+    },
+    summary="Comment on a task",
+)
+async def add_comment(
+    task_id: TaskId, body: CommentCreate, principal: Writer, svc: ServicesDep, idem: Idempotent
+) -> Response:
+    """Append a comment."""
+    async with idem.begin(principal) as tx:
+        if tx.replayed is not None:
+            return tx.replayed
+        row = await svc.tasks.comment(principal, task_id, body.body)
+        return tx.respond(
+            201, CommentPublic.from_row(row), location=f"/api/v1/tasks/{task_id}/comments"
+        )
+
+
+@router.get(
+    "/{task_id}/comments",
+    operation_id="listTaskComments",
+    response_model=CommentPage,
+    responses=docs.problems(*docs.READ),
+    summary="List a task's comments",
+)
+async def list_comments(
+    task_id: TaskId,
+    principal: Reader,
+    svc: ServicesDep,
+    limit: PageSize = 50,
+    cursor_: Cursor = None,
+) -> CommentPage:
+    """Comments, oldest first, keyset-paginated."""
+    after = cursor.decode(cursor_) if cursor_ else None
+    page = await svc.tasks.comments(principal, task_id, limit=limit, after=after)
+    return CommentPage(
+        items=[CommentPublic.from_row(row) for row in page.rows],
+        next_cursor=cursor.encode(*page.next_after) if page.next_after else None,
+    )
+
+
 @router.get(
     "/{task_id}/events",
+    operation_id="streamTaskEvents",
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"},
-        **_PROBLEMS,
+        **docs.problems(*docs.READ),
     },
     response_class=StreamingResponse,
     summary="Stream a task's events (SSE)",
 )
 async def task_events(
-    task_id: UUID,
-    principal: ReaderDep,
+    task_id: TaskId,
+    principal: Reader,
     svc: ServicesDep,
-    last_event_id: Annotated[str | None, Header(max_length=20)] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(max_length=20, description="Resume after this event id (`id:` of an event)"),
+    ] = None,
 ) -> StreamingResponse:
     """Replay events after `Last-Event-ID`, then follow live until the task's run ends."""
     after = _parse_last_event_id(last_event_id)
-    async with svc.store.read() as conn:
-        if await task_store.get_task(conn, principal.workspace_id, task_id) is None:
-            raise NotFound("no such task")
+    await svc.tasks.get(principal, task_id)
     stream = task_stream(svc.store, svc.bus, task_id, after, svc.settings.sse_keepalive_s)
     return StreamingResponse(
         stream,

@@ -11,26 +11,17 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
-from bullpen.api.deps import SESSION_COOKIE, ServicesDep
+from bullpen.api.deps import SESSION_COOKIE, ServicesDep, check_same_site
 from bullpen.api.schemas import TaskCreate
 from bullpen.app import Services
-from bullpen.errors import BullpenError, Forbidden, Unauthenticated
-from bullpen.services.auth import SESSION_TTL, SessionPrincipal
+from bullpen.errors import BullpenError, Forbidden, RateLimited, Unauthenticated
+from bullpen.services.auth import SessionPrincipal
 from bullpen.store import agents as agent_store
 
 WEB = Path(__file__).resolve().parents[2] / "web"
 templates = Jinja2Templates(directory=WEB / "templates")
 
 router = APIRouter(include_in_schema=False)
-
-_SAFE_SITES = {"same-origin", "none"}
-
-
-def _check_same_site(request: Request) -> None:
-    """Fetch Metadata: refuse cross-site form posts before anything else."""
-    site = request.headers.get("sec-fetch-site")
-    if site is not None and site not in _SAFE_SITES:
-        raise Forbidden("cross-site request refused")
 
 
 async def _session(request: Request, svc: Services) -> tuple[str, SessionPrincipal] | None:
@@ -61,11 +52,16 @@ async def login(
     password: Annotated[str, Form(max_length=1024)],
 ) -> Response:
     """Check the password, start a fresh session, go to the dashboard."""
-    _check_same_site(request)
+    check_same_site(request)
+    client = request.client.host if request.client else "unknown"
     try:
-        session_id = await svc.auth.sign_in(email, password)
+        session_id = await svc.auth.sign_in(email, password, client=client)
     except Unauthenticated:
         return _render(request, "login.html", status=401, error="Wrong email or password.")
+    except RateLimited as err:
+        refused = _render(request, "login.html", status=429, error=err.detail + ".")
+        refused.headers["Retry-After"] = str(max(1, round(err.retry_after or 1)))
+        return refused
     old = request.cookies.get(SESSION_COOKIE)
     if old:
         await svc.auth.sign_out(old)
@@ -73,7 +69,7 @@ async def login(
     response.set_cookie(
         SESSION_COOKIE,
         session_id,
-        max_age=int(SESSION_TTL.total_seconds()),
+        max_age=int(svc.auth.session_ttl.total_seconds()),
         httponly=True,
         samesite="lax",
         secure=request.url.scheme == "https",
@@ -87,7 +83,7 @@ async def logout(
     request: Request, svc: ServicesDep, csrf: Annotated[str, Form(max_length=128)] = ""
 ) -> Response:
     """End the session."""
-    _check_same_site(request)
+    check_same_site(request)
     found = await _session(request, svc)
     if found is not None:
         session_id, _ = found
@@ -143,7 +139,7 @@ async def create_task(
     csrf: Annotated[str, Form(max_length=128)] = "",
 ) -> Response:
     """Create a task from the dashboard form and open its live page."""
-    _check_same_site(request)
+    check_same_site(request)
     found = await _session(request, svc)
     if found is None:
         return RedirectResponse("/login", status_code=303)

@@ -1,0 +1,51 @@
+"""/api/v1/audit-events: the workspace's append-only record of changes and refusals."""
+
+from __future__ import annotations
+
+from typing import Annotated
+from uuid import UUID
+
+from fastapi import APIRouter, Query
+
+from bullpen.api import cursor, docs
+from bullpen.api.deps import ServicesDep, require
+from bullpen.api.schemas import AuditEventPublic, AuditPage
+from bullpen.domain.access import Permission
+from bullpen.domain.principal import Principal
+from bullpen.store import audit
+
+router = APIRouter(prefix="/api/v1/audit-events", tags=["audit"])
+
+
+@router.get(
+    "",
+    operation_id="listAuditEvents",
+    response_model=AuditPage,
+    responses=docs.problems(*docs.READ),
+    summary="List audit events",
+)
+async def list_audit_events(
+    principal: Annotated[Principal, require(Permission.AUDIT_READ)],
+    svc: ServicesDep,
+    limit: Annotated[int, Query(ge=1, le=100, description="Page size (max 100)")] = 50,
+    cursor_: Annotated[str | None, Query(alias="cursor", max_length=200)] = None,
+    action: Annotated[str | None, Query(max_length=64, description="e.g. `task.create`")] = None,
+    target_id: Annotated[UUID | None, Query(description="Only events about this object")] = None,
+    actor_id: Annotated[UUID | None, Query(description="Only events by this user or key")] = None,
+) -> AuditPage:
+    """Newest first, keyset-paginated; secrets never appear in `data`."""
+    after = cursor.decode(cursor_) if cursor_ else None
+    async with svc.store.read() as conn:
+        rows, next_after = await audit.list_events(
+            conn,
+            principal.workspace_id,
+            limit=limit,
+            after=after,
+            action=action,
+            target_id=target_id,
+            actor_id=actor_id,
+        )
+    return AuditPage(
+        items=[AuditEventPublic.from_row(row) for row in rows],
+        next_cursor=cursor.encode(*next_after) if next_after else None,
+    )

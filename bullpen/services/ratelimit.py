@@ -1,0 +1,100 @@
+"""In-process rate limits: token buckets per key (GCRA) and a failed-sign-in counter.
+
+Limits are per process (documented): with several API processes, each enforces its own share.
+State is bounded: buckets that have refilled completely carry no information and are dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from bullpen.errors import RateLimited
+
+_MAX_KEYS = 100_000
+
+
+class TokenBuckets:
+    """`rate` requests per second with bursts of `burst`, per key (GCRA: one float per key)."""
+
+    def __init__(
+        self, *, rate: float, burst: int, what: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError("rate must be > 0 and burst >= 1")
+        self._interval = 1.0 / rate
+        self._tolerance = self._interval * (burst - 1)
+        self._tat: OrderedDict[str, float] = OrderedDict()  # theoretical arrival time per key
+        self._what = what
+        self._clock = clock
+
+    def take(self, key: str) -> None:
+        """Spend one token of `key`'s bucket, or raise RateLimited with the wait."""
+        now = self._clock()
+        tat = max(self._tat.get(key, now), now)
+        wait = tat - self._tolerance - now
+        if wait > 0:
+            raise RateLimited(f"rate limit of {self._what} exceeded", retry_after=wait)
+        self._tat[key] = tat + self._interval
+        self._tat.move_to_end(key)
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self._tat:
+            oldest_key, oldest_tat = next(iter(self._tat.items()))
+            if oldest_tat > now and len(self._tat) <= _MAX_KEYS:
+                return
+            del self._tat[oldest_key]
+
+
+class FailureWindow:
+    """Counts failures per key over a sliding window; refuses once `limit` is reached."""
+
+    def __init__(
+        self, *, limit: int, window_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._limit = limit
+        self._window = window_s
+        self._failures: OrderedDict[str, list[float]] = OrderedDict()
+        self._clock = clock
+
+    def check(self, key: str) -> None:
+        """Raise RateLimited if `key` has failed `limit` times within the window."""
+        now = self._clock()
+        recent = self._recent(key, now)
+        if len(recent) >= self._limit:
+            raise RateLimited(
+                "too many failed sign-ins; wait before trying again",
+                retry_after=recent[0] + self._window - now,
+            )
+
+    def fail(self, key: str) -> None:
+        """Record one failure of `key`."""
+        now = self._clock()
+        recent = self._recent(key, now)
+        recent.append(now)
+        self._failures[key] = recent[-self._limit :]
+        self._failures.move_to_end(key)
+        while len(self._failures) > _MAX_KEYS:
+            self._failures.popitem(last=False)
+
+    def reset(self, key: str) -> None:
+        """Forget `key`'s failures (after a successful sign-in)."""
+        self._failures.pop(key, None)
+
+    def _recent(self, key: str, now: float) -> list[float]:
+        return [t for t in self._failures.get(key, ()) if t > now - self._window]
+
+
+class CallerLimits:
+    """The API's request limits: one bucket per caller (key or user) and one per workspace."""
+
+    def __init__(self, per_caller: TokenBuckets, per_workspace: TokenBuckets) -> None:
+        self._per_caller = per_caller
+        self._per_workspace = per_workspace
+
+    def take(self, caller: str, workspace: str) -> None:
+        """Spend one request of the caller's and of its workspace's budget."""
+        self._per_caller.take(caller)
+        self._per_workspace.take(workspace)
