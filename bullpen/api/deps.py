@@ -81,6 +81,15 @@ async def authenticate(
 Caller = Annotated[Principal, Depends(authenticate)]
 
 
+async def _signed_in(principal: Caller) -> Principal:
+    return principal
+
+
+_signed_in.bullpen_access = "authenticated"  # type: ignore[attr-defined]
+authenticated: Any = Depends(_signed_in)
+"""Any authenticated caller (routes about the caller itself)."""
+
+
 def require(permission: Permission) -> Any:
     """A dependency giving the caller, refusing (403, audited) without `permission`."""
 

@@ -103,11 +103,23 @@ class IdempotentWrite:
                 retry_after=1,
             ) from err
 
-    def respond(self, status: int, body: BaseModel, *, location: str | None = None) -> Response:
-        """The response to send; with a key, it is stored when the transaction commits."""
+    def respond(
+        self,
+        status: int,
+        body: BaseModel,
+        *,
+        location: str | None = None,
+        stored: BaseModel | None = None,
+    ) -> Response:
+        """The response to send; with a key, it is stored when the transaction commits.
+
+        `stored` replaces the body kept for replays when the response carries a secret that
+        must not be stored (a new API key): replays then show it redacted.
+        """
         payload = body.model_dump_json().encode()
         headers = {"Location": location} if location else {}
-        self._outcome = _Outcome(status, headers, payload)
+        kept = stored.model_dump_json().encode() if stored is not None else payload
+        self._outcome = _Outcome(status, headers, kept)
         return Response(payload, status_code=status, media_type="application/json", headers=headers)
 
     async def _replay(self, conn: Any, scope: keys.Scope, fingerprint: bytes) -> Response | None:
