@@ -92,12 +92,37 @@ def backend(request: pytest.FixtureRequest) -> str:
     return param
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the suite's markers."""
+    config.addinivalue_line(
+        "markers", "with_settings(**fields): run the server with these Settings fields changed"
+    )
+
+
+def _marked_settings(request: pytest.FixtureRequest) -> dict[str, Any]:
+    marker = request.node.get_closest_marker("with_settings")
+    if marker is None:
+        return {}
+    unknown = set(marker.kwargs) - set(Settings.model_fields)
+    if unknown:
+        raise pytest.UsageError(f"with_settings: unknown Settings fields {sorted(unknown)}")
+    return dict(marker.kwargs)
+
+
 @pytest.fixture
 async def settings(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[Settings]:
-    """Settings for a fresh, migrated database of the requested backend."""
-    base: dict[str, Any] = {"data_dir": tmp_path / "data", "secret_key": "t" * 40, **FAST_SIM}
+    """Settings for a fresh, migrated database of the requested backend.
+
+    A test's `with_settings(...)` marker changes fields (validated, no environment read).
+    """
+    base: dict[str, Any] = {
+        "data_dir": tmp_path / "data",
+        "secret_key": "t" * 40,
+        **FAST_SIM,
+        **_marked_settings(request),
+    }
     if backend == "sqlite":
         yield Settings(**base)
         return

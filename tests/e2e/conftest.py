@@ -10,8 +10,6 @@ import pytest
 from playwright.async_api import Browser, BrowserContext, ConsoleMessage, Page, async_playwright
 from playwright.async_api import Error as PlaywrightError
 
-from bullpen.settings import Settings
-
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",
@@ -33,26 +31,6 @@ document.addEventListener("securitypolicyviolation", (e) => {
   window.__cspViolations.push(e.violatedDirective + " " + (e.blockedURI || "inline"));
 });
 """
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Register this folder's marker."""
-    config.addinivalue_line(
-        "markers", "with_settings(**fields): run the server with these Settings fields changed"
-    )
-
-
-@pytest.fixture
-def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
-    """The shared settings, changed by the test's `with_settings` marker if it has one."""
-    marker = request.node.get_closest_marker("with_settings")
-    if marker is None:
-        return settings
-    unknown = set(marker.kwargs) - set(Settings.model_fields)
-    if unknown:
-        raise pytest.UsageError(f"with_settings: unknown Settings fields {sorted(unknown)}")
-    # model_validate checks the new values and, unlike Settings(...), reads no environment.
-    return Settings.model_validate({**settings.model_dump(), **marker.kwargs})
 
 
 @pytest.fixture
