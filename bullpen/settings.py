@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=default_data_dir)
     database_url: str | None = None
     host: str = "127.0.0.1"
+    # Proxies whose X-Forwarded-For/-Proto are believed (client address for sign-in limits,
+    # https for Secure cookies); comma-separated addresses, or "*".
+    forwarded_allow_ips: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     secret_key: str | None = None
 

@@ -80,15 +80,17 @@ class AuthService:
         granted = (
             AGENT_PERMISSIONS if record.agent_id is not None else ROLE_PERMISSIONS[record.role]
         )
+        scopes = parse_scopes(record.scopes)
         return Principal(
             workspace_id=record.workspace_id,
             user_id=record.user_id,
             api_key_id=record.id,
             role=record.role,
             via="api_key",
-            permissions=effective(granted, parse_scopes(record.scopes)),
+            permissions=effective(granted, scopes),
             agent_id=record.agent_id,
-            is_instance_admin=record.is_instance_admin and record.agent_id is None,
+            # Only an unscoped key (`*`) carries its user's instance-admin powers.
+            is_instance_admin=record.is_instance_admin and scopes is None,
         )
 
     async def authenticate_session(self, session_id: str) -> SessionPrincipal:
@@ -144,12 +146,20 @@ class AuthService:
         return session_id
 
     async def verify_password(self, user_id: UUID, password: str) -> bool:
-        """Whether `password` is the user's current one (for a password change)."""
+        """Whether `password` is the user's current one (for a password change).
+
+        Wrong guesses count against the same failure window as sign-ins (RateLimited after it).
+        """
+        attempt = f"user:{user_id}"
+        self._by_email.check(attempt)
         async with self._store.read() as conn:
             stored = await identity.password_hash(conn, user_id)
-        if stored is None:
-            return False
-        return await asyncio.to_thread(_verify, stored, password[:1024])
+        ok = stored is not None and await asyncio.to_thread(_verify, stored, password[:1024])
+        if ok:
+            self._by_email.reset(attempt)
+        else:
+            self._by_email.fail(attempt)
+        return ok
 
     async def sign_out(self, session_id: str) -> None:
         """End a session (unknown ids are ignored)."""

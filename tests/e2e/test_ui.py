@@ -174,3 +174,34 @@ async def test_sign_out_ends_the_session(
     first = response.request.redirected_from
     assert first is not None
     assert f"{SESSION_COOKIE}={value}" in (await first.all_headers())["cookie"]
+
+
+async def test_password_change_signs_out_and_the_new_password_works(
+    server: Any, page: Page, context: BrowserContext, page_errors: Any
+) -> None:
+    """Account page: change the password, land signed out, sign in with the new one."""
+    await sign_in_as_admin(page, server)
+    await page.get_by_role("link", name="Account").click()
+    await expect(page).to_have_url(f"{server.base_url}/account")
+
+    new = "a much longer brand-new secret"
+    await page.get_by_label("Current password").fill(server.boot.password)
+    await page.get_by_label("New password", exact=True).fill(new)
+    await page.get_by_label("Confirm new password").fill(new)
+    await page.get_by_role("button", name="Change password").click()
+
+    await expect(page).to_have_url(f"{server.base_url}/login?done=password")
+    await expect(page.get_by_role("status")).to_have_text(
+        "Password changed. Sign in with your new password."
+    )
+    assert session_cookie(await context.cookies()) is None
+
+    await sign_in(page, server.boot.email, server.boot.password)
+    await expect(page.get_by_role("alert")).to_have_text("Wrong email or password.")
+    await sign_in(page, server.boot.email, new)
+    await expect(page).to_have_url(f"{server.base_url}/")
+
+    assert await page.evaluate("window.__cspViolations") == []
+    # Chromium logs the deliberate 401 of the old password as a failed resource load.
+    assert [m for m in page_errors.console if "status of 401" not in m] == []
+    assert page_errors.uncaught == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from bullpen.domain.access import (
@@ -16,10 +18,11 @@ from bullpen.domain.principal import Role
 
 def test_each_role_includes_the_one_below() -> None:
     order = [Role.VIEWER, Role.MEMBER, Role.ADMIN, Role.OWNER]
-    for lower, higher in zip(order, order[1:], strict=False):
+    for lower, higher in itertools.pairwise(order):
         assert ROLE_PERMISSIONS[lower] < ROLE_PERMISSIONS[higher]
     assert Permission.TASKS_WRITE not in ROLE_PERMISSIONS[Role.VIEWER]
-    assert Permission.WORKSPACE_DELETE in ROLE_PERMISSIONS[Role.OWNER] - ROLE_PERMISSIONS[Role.ADMIN]
+    owner_only = ROLE_PERMISSIONS[Role.OWNER] - ROLE_PERMISSIONS[Role.ADMIN]
+    assert owner_only == {Permission.WORKSPACE_DELETE}
     assert Permission.KEYS_ADMIN not in AGENT_PERMISSIONS
 
 

@@ -1,7 +1,181 @@
-"""/api/v1/members."""
+"""/api/v1/members: who belongs to the caller's workspace, with which role.
+
+Members are existing users (instance admins create users). Only an owner grants, changes or
+removes the owner role, and a workspace always keeps at least one owner.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from datetime import datetime
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from bullpen.api import cursor, docs
+from bullpen.api.deps import ServicesDep, require, require_json
+from bullpen.api.idempotency import Idempotent
+from bullpen.api.routes.users import Email
+from bullpen.api.schemas import Strict
+from bullpen.domain.access import Permission
+from bullpen.domain.principal import Principal, Role
+from bullpen.services.workspaces import WorkspaceService
 
 router = APIRouter(prefix="/api/v1/members", tags=["members"])
+
+
+class MemberCreate(Strict):
+    """Add an existing user to the workspace."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"email": "ada@example.com", "role": "member"}]}
+    )
+
+    email: Email = Field(description="An existing user's email (any case).")
+    role: Role = Field(description="Only an owner may grant `owner`.")
+
+
+class MemberUpdate(Strict):
+    """Give a member another role."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"role": "admin"}]})
+
+    role: Role = Field(description="Only an owner may grant `owner` or change an owner's role.")
+
+
+class MemberPublic(BaseModel):
+    """A user's membership of the workspace."""
+
+    user_id: UUID
+    email: str
+    name: str
+    role: Role
+    created_at: datetime = Field(description="When the user joined the workspace.")
+
+    @classmethod
+    def from_row(cls, row: Any) -> MemberPublic:
+        """Build from a `memberships` row joined with its user."""
+        return cls(
+            user_id=row.user_id,
+            email=row.email,
+            name=row.name,
+            role=Role(row.role),
+            created_at=row.created_at,
+        )
+
+
+class MemberPage(BaseModel):
+    """A page of members, oldest first; pass `next_cursor` as `cursor` for the next."""
+
+    items: list[MemberPublic]
+    next_cursor: str | None
+
+
+Reader = Annotated[Principal, require(Permission.MEMBERS_READ)]
+Writer = Annotated[Principal, require(Permission.MEMBERS_WRITE)]
+UserId = Annotated[UUID, docs.path_id("member's user")]
+PageSize = Annotated[int, Query(ge=1, le=100, description="Page size (max 100)")]
+Cursor = Annotated[
+    str | None,
+    Query(alias="cursor", max_length=200, description="`next_cursor` of the previous page"),
+]
+
+_MEMBER_LINKS = {
+    "GetMember": docs.link("getMember", user_id="$response.body#/user_id"),
+    "UpdateMember": docs.link("updateMember", user_id="$response.body#/user_id"),
+    "RemoveMember": docs.link("removeMember", user_id="$response.body#/user_id"),
+}
+
+
+def _service(svc: ServicesDep) -> WorkspaceService:
+    return WorkspaceService(svc.store, svc.clock)
+
+
+Members = Annotated[WorkspaceService, Depends(_service)]
+
+
+@router.get(
+    "",
+    operation_id="listMembers",
+    response_model=MemberPage,
+    responses=docs.problems(401, 403, 422, 429, 503),
+    summary="List the workspace's members",
+)
+async def list_members(
+    principal: Reader, members: Members, limit: PageSize = 50, cursor_: Cursor = None
+) -> MemberPage:
+    """Members with their roles, in the order they joined, keyset-paginated."""
+    after = cursor.decode(cursor_) if cursor_ else None
+    rows, next_after = await members.members(principal, limit=limit, after=after)
+    return MemberPage(
+        items=[MemberPublic.from_row(row) for row in rows],
+        next_cursor=cursor.encode(*next_after) if next_after else None,
+    )
+
+
+@router.post(
+    "",
+    operation_id="addMember",
+    status_code=201,
+    response_model=MemberPublic,
+    dependencies=[Depends(require_json)],
+    responses={
+        **docs.created(MemberPublic, "The new membership", _MEMBER_LINKS),
+        **docs.problems(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
+    },
+    summary="Add an existing user to the workspace",
+)
+async def add_member(
+    body: MemberCreate, principal: Writer, members: Members, idem: Idempotent
+) -> Response:
+    """An unknown email is 404 (instance admins create users); a member already is 409."""
+    async with idem.begin(principal) as tx:
+        if tx.replayed is not None:
+            return tx.replayed
+        row = await members.add_member(principal, email=body.email, role=body.role)
+        return tx.respond(
+            201, MemberPublic.from_row(row), location=f"/api/v1/members/{row.user_id}"
+        )
+
+
+@router.get(
+    "/{user_id}",
+    operation_id="getMember",
+    response_model=MemberPublic,
+    responses=docs.problems(401, 403, 404, 422, 429, 503),
+    summary="Get a member",
+)
+async def get_member(user_id: UserId, principal: Reader, members: Members) -> MemberPublic:
+    """One member of the workspace, by user id."""
+    return MemberPublic.from_row(await members.member(principal, user_id))
+
+
+@router.patch(
+    "/{user_id}",
+    operation_id="updateMember",
+    response_model=MemberPublic,
+    dependencies=[Depends(require_json)],
+    responses=docs.problems(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
+    summary="Change a member's role",
+)
+async def update_member(
+    user_id: UserId, body: MemberUpdate, principal: Writer, members: Members
+) -> MemberPublic:
+    """Only owners grant `owner` or change an owner's role; demoting the last owner is 409."""
+    return MemberPublic.from_row(await members.change_role(principal, user_id, body.role))
+
+
+@router.delete(
+    "/{user_id}",
+    operation_id="removeMember",
+    status_code=204,
+    response_class=Response,
+    responses=docs.problems(401, 403, 404, 409, 422, 429, 503),
+    summary="Remove a member from the workspace",
+)
+async def remove_member(user_id: UserId, principal: Writer, members: Members) -> Response:
+    """Ends the member's sessions and revokes its API keys in this workspace. Admins cannot
+    remove owners (403); removing the last owner is 409."""
+    await members.remove_member(principal, user_id)
+    return Response(status_code=204)

@@ -1,11 +1,14 @@
-"""The web UI: sign in, create a task, watch it stream (server-rendered, no build step)."""
+"""The web UI: sign in, create a task, watch it stream, change the password (server-rendered)."""
 
 from __future__ import annotations
 
+import asyncio
+import math
 from pathlib import Path
 from typing import Annotated, Any
 from uuid import UUID
 
+import sqlalchemy as sa
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
@@ -15,13 +18,20 @@ from bullpen.api.deps import SESSION_COOKIE, ServicesDep, check_same_site
 from bullpen.api.schemas import TaskCreate
 from bullpen.app import Services
 from bullpen.errors import BullpenError, Forbidden, RateLimited, Unauthenticated
-from bullpen.services.auth import SessionPrincipal
+from bullpen.services.auth import SessionPrincipal, hash_password
 from bullpen.store import agents as agent_store
+from bullpen.store import audit, identity
+from bullpen.store.base import Connection
+from bullpen.store.tables import users
 
 WEB = Path(__file__).resolve().parents[2] / "web"
 templates = Jinja2Templates(directory=WEB / "templates")
 
 router = APIRouter(include_in_schema=False)
+
+PASSWORD_MIN, PASSWORD_MAX = 12, 1024
+# Notices the sign-in page shows for `?done=<key>`: fixed texts, never reflected input.
+NOTICES = {"password": "Password changed. Sign in with your new password."}
 
 
 async def _session(request: Request, svc: Services) -> tuple[str, SessionPrincipal] | None:
@@ -38,10 +48,29 @@ def _render(request: Request, name: str, status: int = 200, **context: Any) -> H
     return templates.TemplateResponse(request, name, context, status_code=status)
 
 
+def _end_session_cookie(response: Response) -> Response:
+    response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="lax")
+    return response
+
+
+def _too_many(page: HTMLResponse, err: RateLimited) -> HTMLResponse:
+    page.headers["Retry-After"] = str(_wait_s(err))
+    return page
+
+
+def _wait_s(err: RateLimited) -> int:
+    return max(1, math.ceil(err.retry_after or 1))
+
+
+def _wait_message(err: RateLimited) -> str:
+    minutes = math.ceil(_wait_s(err) / 60)
+    return f"Too many failed attempts. Try again in {minutes} minute{'s' * (minutes != 1)}."
+
+
 @router.get("/login", response_class=HTMLResponse)
-async def login_page(request: Request) -> HTMLResponse:
+async def login_page(request: Request, done: str = "") -> HTMLResponse:
     """The sign-in form."""
-    return _render(request, "login.html", error=None)
+    return _render(request, "login.html", error=None, notice=NOTICES.get(done))
 
 
 @router.post("/login", response_model=None)
@@ -57,11 +86,12 @@ async def login(
     try:
         session_id = await svc.auth.sign_in(email, password, client=client)
     except Unauthenticated:
+        # Unknown email, wrong password, disabled user: one answer, byte for byte.
         return _render(request, "login.html", status=401, error="Wrong email or password.")
     except RateLimited as err:
-        refused = _render(request, "login.html", status=429, error=err.detail + ".")
-        refused.headers["Retry-After"] = str(max(1, round(err.retry_after or 1)))
-        return refused
+        page = _render(request, "login.html", status=429, error=_wait_message(err))
+        return _too_many(page, err)
+    # A fresh id on every sign-in; whatever session this browser had before ends here.
     old = request.cookies.get(SESSION_COOKIE)
     if old:
         await svc.auth.sign_out(old)
@@ -90,9 +120,7 @@ async def logout(
         if not svc.auth.check_csrf(session_id, csrf):
             raise Forbidden("missing or wrong CSRF token")
         await svc.auth.sign_out(session_id)
-    response = RedirectResponse("/login", status_code=303)
-    response.delete_cookie(SESSION_COOKIE, path="/")
-    return response
+    return _end_session_cookie(RedirectResponse("/login", status_code=303))
 
 
 @router.get("/", response_class=HTMLResponse, response_model=None)
@@ -174,4 +202,83 @@ async def task_page(task_id: UUID, request: Request, svc: ServicesDep) -> Respon
         csrf=svc.auth.csrf_token(session_id),
         task=task,
         run=run,
+    )
+
+
+@router.get("/account", response_class=HTMLResponse, response_model=None)
+async def account_page(request: Request, svc: ServicesDep) -> Response:
+    """The signed-in user's account: change the password."""
+    found = await _session(request, svc)
+    if found is None:
+        return RedirectResponse("/login", status_code=303)
+    return _account(request, svc, found)
+
+
+def _account(
+    request: Request,
+    svc: Services,
+    found: tuple[str, SessionPrincipal],
+    *,
+    status: int = 200,
+    error: str | None = None,
+) -> HTMLResponse:
+    session_id, who = found
+    return _render(
+        request,
+        "account.html",
+        status=status,
+        email=who.email,
+        csrf=svc.auth.csrf_token(session_id),
+        error=error,
+        password_min=PASSWORD_MIN,
+        password_max=PASSWORD_MAX,
+    )
+
+
+@router.post("/ui/account/password", response_model=None)
+async def change_password(
+    request: Request,
+    svc: ServicesDep,
+    # Generous bounds, so a too-long password gets the form's own message, not a bare 422.
+    current_password: Annotated[str, Form(max_length=4 * PASSWORD_MAX)] = "",
+    new_password: Annotated[str, Form(max_length=4 * PASSWORD_MAX)] = "",
+    confirm: Annotated[str, Form(max_length=4 * PASSWORD_MAX)] = "",
+    csrf: Annotated[str, Form(max_length=128)] = "",
+) -> Response:
+    """Check the current password, store the new one, end every session of the user."""
+    check_same_site(request)
+    found = await _session(request, svc)
+    if found is None:
+        return RedirectResponse("/login", status_code=303)
+    session_id, who = found
+    if not svc.auth.check_csrf(session_id, csrf):
+        raise Forbidden("missing or wrong CSRF token")
+    user_id = who.principal.user_id
+    assert user_id is not None  # a session always belongs to a user
+    if not PASSWORD_MIN <= len(new_password) <= PASSWORD_MAX:
+        error = f"The new password needs {PASSWORD_MIN} to {PASSWORD_MAX} characters."
+        return _account(request, svc, found, status=422, error=error)
+    if new_password != confirm:
+        error = "The new password and its confirmation differ."
+        return _account(request, svc, found, status=422, error=error)
+    try:
+        ok = await svc.auth.verify_password(user_id, current_password)
+    except RateLimited as err:
+        return _too_many(_account(request, svc, found, status=429, error=_wait_message(err)), err)
+    if not ok:
+        return _account(request, svc, found, status=403, error="The current password is wrong.")
+    new_hash = await asyncio.to_thread(hash_password, new_password)
+    async with svc.store.write() as conn:
+        await _set_password_hash(conn, user_id, new_hash)
+        await identity.delete_user_sessions(conn, user_id)
+        await audit.record_by(
+            conn, who.principal, "user.password_change", "user", user_id, svc.clock()
+        )
+    return _end_session_cookie(RedirectResponse("/login?done=password", status_code=303))
+
+
+async def _set_password_hash(conn: Connection, user_id: UUID, password_hash: str) -> None:
+    # The store has no setter for this yet; it belongs in bullpen.store.identity.
+    await conn.execute(
+        sa.update(users).where(users.c.id == user_id).values(password_hash=password_hash)
     )

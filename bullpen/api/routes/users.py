@@ -1,7 +1,289 @@
-"""/api/v1/users."""
+"""/api/v1/users: the caller's own account and password; instance admins manage every user."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from datetime import datetime
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, Query, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints
+
+from bullpen.api import cursor, docs
+from bullpen.api.deps import ServicesDep, authenticated, instance_admin, require_json
+from bullpen.api.idempotency import Idempotent
+from bullpen.api.schemas import Strict
+from bullpen.domain.principal import Principal, Role
+from bullpen.services.users import UserService, hash_new_password
 
 router = APIRouter(prefix="/api/v1/users", tags=["users"])
+
+NAME_MAX = 200
+EMAIL_MAX = 320
+PASSWORD_MIN, PASSWORD_MAX = 12, 1024
+
+# Printable text, no control characters, no surrounding whitespace. Refused rather than
+# stripped, so that the OpenAPI pattern and the validation accept exactly the same strings.
+TRIMMED_TEXT = r"^[^\s\x00-\x1f\x7f](?:[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f])?$"
+# The WHATWG (HTML) email syntax; stored lowercased.
+EMAIL = (
+    r"^[a-zA-Z0-9.!#$%&'*+/=?^_`{|}~-]+@[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?"
+    r"(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*$"
+)
+
+Name = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=NAME_MAX, pattern=TRIMMED_TEXT, strict=True),
+]
+Email = Annotated[
+    str, StringConstraints(min_length=3, max_length=EMAIL_MAX, pattern=EMAIL, strict=True)
+]
+Password = Annotated[
+    str,
+    StringConstraints(
+        min_length=PASSWORD_MIN,
+        max_length=PASSWORD_MAX,
+        pattern=r"^[^\x00-\x1f\x7f]*$",
+        strict=True,
+    ),
+]
+
+
+def optional(description: str | None = None) -> Any:
+    """A PATCH field: may be left out, but `null` is refused (422) and not documented."""
+    return Field(default=None, description=description, json_schema_extra=_no_default)
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
+class UserCreate(Strict):
+    """A new user; instance admins then add it to workspaces (`POST /api/v1/members`)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"email": "ada@example.com", "name": "Ada", "password": "correct horse battery"}
+            ]
+        }
+    )
+
+    email: Email = Field(description="Unique; stored lowercased.")
+    name: Name
+    password: Password = Field(description=f"{PASSWORD_MIN}–{PASSWORD_MAX} characters.")
+    is_instance_admin: StrictBool = False
+
+
+class UserUpdate(Strict):
+    """Change a user (send only what changes; `null` is not a value)."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"disabled": True}]})
+
+    name: Name = optional()
+    disabled: StrictBool = optional(
+        "Disabling ends the user's sessions; its API keys stop working."
+    )
+    is_instance_admin: StrictBool = optional()
+
+
+class PasswordChange(Strict):
+    """Replace the caller's password; every session of the caller ends."""
+
+    current_password: str = Field(min_length=1, max_length=PASSWORD_MAX, strict=True)
+    new_password: Password
+
+
+class UserPublic(BaseModel):
+    """A user account (never its password or hash)."""
+
+    id: UUID
+    email: str
+    name: str
+    is_instance_admin: bool
+    disabled: bool
+    disabled_at: datetime | None
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> UserPublic:
+        """Build from a `users` row (selected without its hash)."""
+        return cls(
+            id=row.id,
+            email=row.email,
+            name=row.name,
+            is_instance_admin=bool(row.is_instance_admin),
+            disabled=row.disabled_at is not None,
+            disabled_at=row.disabled_at,
+            created_at=row.created_at,
+        )
+
+
+class UserPage(BaseModel):
+    """A page of users, oldest first; pass `next_cursor` as `cursor` for the next."""
+
+    items: list[UserPublic]
+    next_cursor: str | None
+
+
+class MePublic(BaseModel):
+    """The calling user, in the workspace it acts in now."""
+
+    id: UUID
+    email: str
+    name: str
+    is_instance_admin: bool
+    role: Role
+    workspace_id: UUID
+
+    @classmethod
+    def from_row(cls, row: Any, role: Role, workspace_id: UUID) -> MePublic:
+        """Build from a `users` row and the caller's current role and workspace."""
+        return cls(
+            id=row.id,
+            email=row.email,
+            name=row.name,
+            is_instance_admin=bool(row.is_instance_admin),
+            role=role,
+            workspace_id=workspace_id,
+        )
+
+
+Me = Annotated[Principal, authenticated]
+Admin = Annotated[Principal, instance_admin]
+# `{user_id:uuid}` in the paths: anything else (like `me` with another method) is no route here.
+UserId = Annotated[UUID, docs.path_id("user")]
+PageSize = Annotated[int, Query(ge=1, le=100, description="Page size (max 100)")]
+Cursor = Annotated[
+    str | None,
+    Query(alias="cursor", max_length=200, description="`next_cursor` of the previous page"),
+]
+
+_USER_LINKS = {
+    "GetUser": docs.link("getUser", user_id="$response.body#/id"),
+    "UpdateUser": docs.link("updateUser", user_id="$response.body#/id"),
+}
+
+# What the caller can look at next: its own workspace and membership.
+_ME_LINKS = {
+    "GetWorkspace": docs.link("getWorkspace", workspace_id="$response.body#/workspace_id"),
+    "UpdateWorkspace": docs.link("updateWorkspace", workspace_id="$response.body#/workspace_id"),
+    "GetMember": docs.link("getMember", user_id="$response.body#/id"),
+}
+
+
+def _service(svc: ServicesDep) -> UserService:
+    return UserService(svc.store, svc.clock, verify_password=svc.auth.verify_password)
+
+
+Users = Annotated[UserService, Depends(_service)]
+
+
+@router.get(
+    "/me",
+    operation_id="getMe",
+    response_model=MePublic,
+    responses={
+        200: {"description": "The calling user", "links": _ME_LINKS},
+        **docs.problems(401, 404, 429, 503),
+    },
+    summary="Get the calling user",
+)
+async def get_me(principal: Me, users: Users) -> MePublic:
+    """The signed-in user (or the user owning the API key); an agent's key has none (404)."""
+    row, role = await users.me(principal)
+    return MePublic.from_row(row, role, principal.workspace_id)
+
+
+@router.put(
+    "/me/password",
+    operation_id="changeMyPassword",
+    status_code=204,
+    response_class=Response,
+    dependencies=[Depends(require_json)],
+    responses=docs.problems(400, 401, 403, 404, 413, 415, 422, 429, 503),
+    summary="Change the calling user's password",
+)
+async def change_password(body: PasswordChange, principal: Me, users: Users) -> Response:
+    """Needs the current password (any mismatch is 403); every session ends, so sign in again."""
+    await users.change_password(principal, body.current_password, body.new_password)
+    return Response(status_code=204)
+
+
+@router.get(
+    "",
+    operation_id="listUsers",
+    response_model=UserPage,
+    responses=docs.problems(401, 403, 422, 429, 503),
+    summary="List users (instance admins)",
+)
+async def list_users(
+    principal: Admin, users: Users, limit: PageSize = 50, cursor_: Cursor = None
+) -> UserPage:
+    """Every user of the instance, oldest first, keyset-paginated."""
+    after = cursor.decode(cursor_) if cursor_ else None
+    rows, next_after = await users.list(principal, limit=limit, after=after)
+    return UserPage(
+        items=[UserPublic.from_row(row) for row in rows],
+        next_cursor=cursor.encode(*next_after) if next_after else None,
+    )
+
+
+@router.post(
+    "",
+    operation_id="createUser",
+    status_code=201,
+    response_model=UserPublic,
+    dependencies=[Depends(require_json)],
+    responses={
+        **docs.created(UserPublic, "The user (a member of no workspace yet)", _USER_LINKS),
+        **docs.problems(400, 401, 403, 409, 413, 415, 422, 429, 503),
+    },
+    summary="Create a user (instance admins)",
+)
+async def create_user(
+    body: UserCreate, principal: Admin, users: Users, idem: Idempotent
+) -> Response:
+    """A new account; a taken email is 409. The password is stored only as an argon2id hash."""
+    # Hashed before the write transaction opens: no writer waits on argon2.
+    password_hash = await hash_new_password(body.password)
+    async with idem.begin(principal) as tx:
+        if tx.replayed is not None:
+            return tx.replayed
+        row = await users.create(
+            principal,
+            email=body.email,
+            name=body.name,
+            password_hash=password_hash,
+            is_instance_admin=body.is_instance_admin,
+        )
+        return tx.respond(201, UserPublic.from_row(row), location=f"/api/v1/users/{row.id}")
+
+
+@router.get(
+    "/{user_id:uuid}",
+    operation_id="getUser",
+    response_model=UserPublic,
+    responses=docs.problems(401, 403, 404, 429, 503),
+    summary="Get a user (instance admins)",
+)
+async def get_user(user_id: UserId, principal: Admin, users: Users) -> UserPublic:
+    """One user of the instance."""
+    return UserPublic.from_row(await users.get(principal, user_id))
+
+
+@router.patch(
+    "/{user_id:uuid}",
+    operation_id="updateUser",
+    response_model=UserPublic,
+    dependencies=[Depends(require_json)],
+    responses=docs.problems(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
+    summary="Change, disable or promote a user (instance admins)",
+)
+async def update_user(
+    user_id: UserId, body: UserUpdate, principal: Admin, users: Users
+) -> UserPublic:
+    """Only the fields sent change. Disabling ends the user's sessions and stops its keys; an
+    admin cannot disable or demote itself (409)."""
+    row = await users.update(principal, user_id, body.model_dump(exclude_unset=True))
+    return UserPublic.from_row(row)

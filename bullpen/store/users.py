@@ -1,0 +1,95 @@
+"""Users as admins see them: list, get, create, change; nothing here selects a password hash.
+
+Sign-in lookups (by email with the hash) live in `store.identity`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from sqlalchemy import exc
+
+from bullpen.errors import Conflict
+from bullpen.store import identity
+from bullpen.store.base import Connection
+from bullpen.store.tables import users
+
+_PUBLIC = sa.select(
+    users.c.id,
+    users.c.email,
+    users.c.name,
+    users.c.is_instance_admin,
+    users.c.disabled_at,
+    users.c.created_at,
+)
+
+
+async def insert_user(
+    conn: Connection,
+    *,
+    email: str,
+    name: str,
+    password_hash: str,
+    is_instance_admin: bool,
+    now: datetime,
+) -> UUID:
+    """Insert a user; an email already in use is a Conflict (also under a race)."""
+    try:
+        return await identity.create_user(
+            conn,
+            email=email,
+            name=name,
+            password_hash=password_hash,
+            is_instance_admin=is_instance_admin,
+            now=now,
+        )
+    except exc.IntegrityError as err:
+        raise Conflict("a user with this email already exists") from err
+
+
+async def get_user(conn: Connection, user_id: UUID) -> Any | None:
+    """The user, or None."""
+    return (await conn.execute(_PUBLIC.where(users.c.id == user_id))).first()
+
+
+async def find_by_email(conn: Connection, email: str) -> Any | None:
+    """The user with this email (any case), or None."""
+    return (await conn.execute(_PUBLIC.where(users.c.email == email.lower()))).first()
+
+
+async def list_users(
+    conn: Connection, *, limit: int, after: tuple[datetime, UUID] | None
+) -> tuple[list[Any], tuple[datetime, UUID] | None]:
+    """A page of users, oldest first, keyset-paginated on (created_at, id)."""
+    c = users.c
+    query = _PUBLIC
+    if after is not None:
+        created, last_id = after
+        query = query.where(
+            sa.or_(c.created_at > created, sa.and_(c.created_at == created, c.id > last_id))
+        )
+    rows = list(await conn.execute(query.order_by(c.created_at, c.id).limit(limit + 1)))
+    if len(rows) <= limit:
+        return rows, None
+    rows = rows[:limit]
+    return rows, (rows[-1].created_at, rows[-1].id)
+
+
+async def lock_user(conn: Connection, user_id: UUID) -> Any | None:
+    """The user, row-locked until commit (PostgreSQL; SQLite has one writer), or None."""
+    return (await conn.execute(_PUBLIC.where(users.c.id == user_id).with_for_update())).first()
+
+
+async def update_user(conn: Connection, user_id: UUID, values: dict[str, Any]) -> None:
+    """Change a user's name, disabled_at or is_instance_admin."""
+    await conn.execute(users.update().where(users.c.id == user_id).values(**values))
+
+
+async def set_password_hash(conn: Connection, user_id: UUID, password_hash: str) -> None:
+    """Replace a user's password hash."""
+    await conn.execute(
+        users.update().where(users.c.id == user_id).values(password_hash=password_hash)
+    )

@@ -1,0 +1,210 @@
+"""AZ-5, CSRF, over a real socket on both backends.
+
+A write that rides on the session cookie must carry that session's own CSRF token and must not
+come from another site (Fetch Metadata); otherwise 403 and nothing changes. The "foreign" token
+is a valid one, but of another session, as an attacker signed in themselves would have.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+import sqlalchemy as sa
+
+from bullpen.api.deps import CSRF_HEADER, SESSION_COOKIE
+from bullpen.store import identity
+from bullpen.store.tables import tasks
+from tests.conftest import RunningServer
+from tests.integration.test_sessions import (
+    SAME_ORIGIN,
+    is_live,
+    post_login,
+    sign_in,
+    with_session,
+)
+
+PROMPT = "Summarise the open support tickets for the weekly review."
+PROBLEM = "application/problem+json"
+
+# Every way a cookie-carrying write can arrive without proof that this site's page sent it:
+# (whose CSRF token, Fetch Metadata headers, what the case is).
+CASES: list[tuple[str | None, dict[str, str], str]] = [
+    (None, {}, "no token, no Fetch Metadata"),
+    (None, SAME_ORIGIN, "no token"),
+    ("foreign", SAME_ORIGIN, "another session's token"),
+    ("own", {"Sec-Fetch-Site": "cross-site"}, "cross-site"),
+    # Another subdomain of the same site is not this origin.
+    ("own", {"Sec-Fetch-Site": "same-site"}, "same-site"),
+]
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    """An HTTP client without a cookie jar: cookies go only where a test puts them."""
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
+        yield session
+
+
+async def two_sessions(client: aiohttp.ClientSession, server: RunningServer) -> dict[str, str]:
+    """The victim's session ("own") and another one ("foreign"), by role."""
+    return {"own": await sign_in(client, server), "foreign": await sign_in(client, server)}
+
+
+def token(server: RunningServer, sessions: dict[str, str], which: str | None) -> str | None:
+    """The CSRF token of one of the sessions, or None for no token at all."""
+    return None if which is None else server.services.auth.csrf_token(sessions[which])
+
+
+async def task_count(server: RunningServer) -> int:
+    async with server.services.store.read() as conn:
+        query = sa.select(sa.func.count()).select_from(tasks)
+        return int((await conn.execute(query)).scalar_one())
+
+
+async def stored_hash(server: RunningServer) -> str:
+    """The bootstrap admin's password hash as stored."""
+    async with server.services.store.read() as conn:
+        user = await identity.find_user_for_login(conn, server.boot.email)
+    assert user is not None
+    return str(user.password_hash)
+
+
+async def assert_forbidden(resp: aiohttp.ClientResponse, case: str) -> None:
+    assert resp.status == 403, (case, resp.status, await resp.text())
+    assert resp.headers["Content-Type"] == PROBLEM, case
+    body = await resp.json(content_type=None)
+    assert body["status"] == 403
+    assert body["type"].endswith("/forbidden")
+
+
+async def test_task_form_needs_own_token_and_same_origin(
+    server: RunningServer, client: aiohttp.ClientSession
+) -> None:
+    sessions = await two_sessions(client, server)
+    form = {"prompt": PROMPT, "agent_id": str(server.boot.agent_id)}
+
+    async def submit(csrf: str | None, headers: dict[str, str]) -> aiohttp.ClientResponse:
+        data = form if csrf is None else {**form, "csrf": csrf}
+        async with client.post(
+            f"{server.base_url}/ui/tasks",
+            data=data,
+            headers=with_session(sessions["own"], **headers),
+            allow_redirects=False,
+        ) as resp:
+            await resp.read()
+            return resp
+
+    for which, headers, case in CASES:
+        await assert_forbidden(await submit(token(server, sessions, which), headers), case)
+    assert await task_count(server) == 0
+
+    resp = await submit(token(server, sessions, "own"), SAME_ORIGIN)
+    assert resp.status == 303
+    assert re.fullmatch(r"/tasks/[0-9a-f-]{36}", resp.headers["Location"])
+    assert await task_count(server) == 1
+
+
+async def test_sign_out_form_needs_own_token_and_same_origin(
+    server: RunningServer, client: aiohttp.ClientSession
+) -> None:
+    sessions = await two_sessions(client, server)
+
+    async def submit(csrf: str | None, headers: dict[str, str]) -> aiohttp.ClientResponse:
+        async with client.post(
+            f"{server.base_url}/logout",
+            data={} if csrf is None else {"csrf": csrf},
+            headers=with_session(sessions["own"], **headers),
+            allow_redirects=False,
+        ) as resp:
+            await resp.read()
+            return resp
+
+    for which, headers, case in CASES:
+        resp = await submit(token(server, sessions, which), headers)
+        await assert_forbidden(resp, case)
+        assert SESSION_COOKIE not in resp.cookies, case  # the cookie is not cleared either
+        assert await is_live(client, server, sessions["own"]), case
+
+    resp = await submit(token(server, sessions, "own"), SAME_ORIGIN)
+    assert resp.status == 303
+    assert resp.headers["Location"] == "/login"
+    assert not await is_live(client, server, sessions["own"])
+    assert await is_live(client, server, sessions["foreign"])
+
+
+async def test_cookie_authenticated_api_write_needs_own_token_and_same_origin(
+    server: RunningServer, client: aiohttp.ClientSession
+) -> None:
+    sessions = await two_sessions(client, server)
+    body = {"prompt": PROMPT, "agent_id": str(server.boot.agent_id)}
+
+    async def create(csrf: str | None, headers: dict[str, str]) -> aiohttp.ClientResponse:
+        sent = with_session(sessions["own"], **headers)
+        if csrf is not None:
+            sent[CSRF_HEADER] = csrf
+        async with client.post(f"{server.base_url}/api/v1/tasks", json=body, headers=sent) as resp:
+            await resp.read()
+            return resp
+
+    for which, headers, case in CASES:
+        await assert_forbidden(await create(token(server, sessions, which), headers), case)
+    assert await task_count(server) == 0
+
+    resp = await create(token(server, sessions, "own"), SAME_ORIGIN)
+    assert resp.status == 201, await resp.text()
+    assert await task_count(server) == 1
+
+
+# The same check as the task form's; the change itself runs on both stores in test_sessions.
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_password_form_needs_own_token_and_same_origin(
+    server: RunningServer, client: aiohttp.ClientSession
+) -> None:
+    sessions = await two_sessions(client, server)
+    new = "a much longer brand-new secret"
+    form = {
+        "current_password": server.boot.password or "",
+        "new_password": new,
+        "confirm": new,
+    }
+    before = await stored_hash(server)
+
+    async def submit(csrf: str | None, headers: dict[str, str]) -> aiohttp.ClientResponse:
+        async with client.post(
+            f"{server.base_url}/ui/account/password",
+            data=form if csrf is None else {**form, "csrf": csrf},
+            headers=with_session(sessions["own"], **headers),
+            allow_redirects=False,
+        ) as resp:
+            await resp.read()
+            return resp
+
+    for which, headers, case in CASES:
+        await assert_forbidden(await submit(token(server, sessions, which), headers), case)
+        assert await is_live(client, server, sessions["own"]), case
+    assert await stored_hash(server) == before
+
+    resp = await submit(token(server, sessions, "own"), SAME_ORIGIN)
+    assert resp.status == 303
+    assert not await is_live(client, server, sessions["own"])
+    assert not await is_live(client, server, sessions["foreign"])
+
+
+# Fetch Metadata is checked before the password, whatever the store.
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_cross_site_sign_in_is_refused(
+    server: RunningServer, client: aiohttp.ClientSession
+) -> None:
+    # Login CSRF: another site must not sign this browser into an account of its choosing.
+    resp, _ = await post_login(
+        client,
+        server,
+        server.boot.email,
+        server.boot.password or "",
+        headers={"Sec-Fetch-Site": "cross-site"},
+    )
+    await assert_forbidden(resp, "cross-site sign-in")
+    assert SESSION_COOKIE not in resp.cookies

@@ -1,0 +1,277 @@
+"""AZ-4, session lifecycle, over a real socket on both backends.
+
+The client keeps no cookies and follows no redirects: each request carries exactly the
+session cookie the test hands it, the way a browser (or an attacker holding a copy) would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from http.cookies import Morsel
+from uuid import UUID
+
+import aiohttp
+import pytest
+import sqlalchemy as sa
+
+from bullpen.api.deps import SESSION_COOKIE
+from bullpen.domain.principal import Role
+from bullpen.services.auth import hash_password
+from bullpen.store import identity
+from bullpen.store.tables import audit_events, users
+from tests.conftest import RunningServer
+
+SAME_ORIGIN = {"Sec-Fetch-Site": "same-origin"}
+PASSWORD = "correct horse battery staple"
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    """An HTTP client without a cookie jar: cookies go only where a test puts them."""
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
+        yield session
+
+
+def with_session(session_id: str, **headers: str) -> dict[str, str]:
+    """Request headers that carry this session cookie (and any others given)."""
+    return {"Cookie": f"{SESSION_COOKIE}={session_id}", **headers}
+
+
+async def post_login(
+    client: aiohttp.ClientSession,
+    server: RunningServer,
+    email: str,
+    password: str,
+    headers: dict[str, str] | None = None,
+) -> tuple[aiohttp.ClientResponse, str]:
+    """Submit the sign-in form as the page would; returns the response and its HTML."""
+    async with client.post(
+        f"{server.base_url}/login",
+        data={"email": email, "password": password},
+        headers={**SAME_ORIGIN, **(headers or {})},
+        allow_redirects=False,
+    ) as resp:
+        return resp, await resp.text()
+
+
+def session_cookie(resp: aiohttp.ClientResponse) -> Morsel[str]:
+    """The session cookie a response sets (fails the test if it sets none)."""
+    assert SESSION_COOKIE in resp.cookies, resp.headers.getall("Set-Cookie", [])
+    return resp.cookies[SESSION_COOKIE]
+
+
+async def sign_in(
+    client: aiohttp.ClientSession,
+    server: RunningServer,
+    email: str | None = None,
+    password: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> str:
+    """Sign in (the bootstrap admin by default); returns the new session id."""
+    resp, _ = await post_login(
+        client,
+        server,
+        email or server.boot.email,
+        password or server.boot.password or "",
+        headers,
+    )
+    assert resp.status == 303, resp.status
+    assert resp.headers["Location"] == "/"
+    return session_cookie(resp).value
+
+
+async def api_status(client: aiohttp.ClientSession, server: RunningServer, session_id: str) -> int:
+    """The status `GET /api/v1/tasks` answers with this session cookie."""
+    async with client.get(
+        f"{server.base_url}/api/v1/tasks", headers=with_session(session_id)
+    ) as resp:
+        if resp.status == 401:
+            assert resp.headers["Content-Type"] == "application/problem+json"
+        return resp.status
+
+
+async def dashboard_status(
+    client: aiohttp.ClientSession, server: RunningServer, session_id: str
+) -> tuple[int, str | None]:
+    """The status and redirect target of `GET /` with this session cookie."""
+    async with client.get(
+        f"{server.base_url}/", headers=with_session(session_id), allow_redirects=False
+    ) as resp:
+        return resp.status, resp.headers.get("Location")
+
+
+async def is_live(client: aiohttp.ClientSession, server: RunningServer, session_id: str) -> bool:
+    """Whether both the API and the UI accept this session (and agree about it)."""
+    api = await api_status(client, server, session_id)
+    page = await dashboard_status(client, server, session_id)
+    if api == 200:
+        assert page == (200, None)
+        return True
+    assert api == 401
+    assert page == (303, "/login")
+    return False
+
+
+async def add_user(server: RunningServer, email: str, password: str) -> UUID:
+    """A member of the bootstrap workspace who can sign in with `password`."""
+    password_hash = await asyncio.to_thread(hash_password, password)
+    now = server.services.clock()
+    async with server.services.store.write() as conn:
+        user_id = await identity.create_user(
+            conn,
+            email=email,
+            name=email,
+            password_hash=password_hash,
+            is_instance_admin=False,
+            now=now,
+        )
+        await identity.add_member(
+            conn, workspace_id=server.boot.workspace_id, user_id=user_id, role=Role.MEMBER, now=now
+        )
+    return user_id
+
+
+async def test_every_sign_in_gets_a_new_session_and_ends_the_old_one(
+    server: RunningServer, client: aiohttp.ClientSession
+) -> None:
+    # A cookie planted before sign-in (session fixation) is not adopted.
+    planted = "attacker-chosen-session-id"
+    first = await sign_in(client, server, headers=with_session(planted))
+    assert first != planted
+    assert await is_live(client, server, first)
+
+    # Signing in again from the same browser: a new id, and the old one is over.
+    second = await sign_in(client, server, headers=with_session(first))
+    assert second not in (first, planted)
+    assert await is_live(client, server, second)
+    assert not await is_live(client, server, first)
+
+
+async def test_signed_out_cookie_is_dead(
+    server: RunningServer, client: aiohttp.ClientSession
+) -> None:
+    session_id = await sign_in(client, server)
+    assert await is_live(client, server, session_id)
+    csrf = server.services.auth.csrf_token(session_id)
+
+    async with client.post(
+        f"{server.base_url}/logout",
+        data={"csrf": csrf},
+        headers=with_session(session_id, **SAME_ORIGIN),
+        allow_redirects=False,
+    ) as resp:
+        assert resp.status == 303
+        assert resp.headers["Location"] == "/login"
+        cleared = session_cookie(resp)
+        assert cleared.value == ""
+        assert cleared["max-age"] == "0"
+
+    # A copy of the cookie kept from before is refused everywhere.
+    assert await api_status(client, server, session_id) == 401
+    assert await dashboard_status(client, server, session_id) == (303, "/login")
+
+
+async def test_disabling_a_user_ends_all_their_sessions(
+    server: RunningServer, client: aiohttp.ClientSession
+) -> None:
+    email = "casey@example.com"
+    user_id = await add_user(server, email, PASSWORD)
+    laptop = await sign_in(client, server, email, PASSWORD)
+    phone = await sign_in(client, server, email, PASSWORD)
+    assert laptop != phone
+    assert await is_live(client, server, laptop)
+    assert await is_live(client, server, phone)
+
+    disable = sa.update(users).where(users.c.id == user_id)
+    async with server.services.store.write() as conn:
+        await conn.execute(disable.values(disabled_at=server.services.clock()))
+
+    assert not await is_live(client, server, laptop)
+    assert not await is_live(client, server, phone)
+    # Nor can they open a new one; the refusal reads like any wrong password.
+    resp, html = await post_login(client, server, email, PASSWORD)
+    assert resp.status == 401
+    assert SESSION_COOKIE not in resp.cookies
+    assert "Wrong email or password." in html
+    # Control: other people's credentials still work.
+    async with client.get(f"{server.base_url}/api/v1/tasks", headers=server.auth) as resp:
+        assert resp.status == 200
+
+
+# The cookie is built the same way whatever the store is.
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_session_cookie_attributes(
+    server: RunningServer, client: aiohttp.ClientSession
+) -> None:
+    resp, _ = await post_login(client, server, server.boot.email, server.boot.password or "")
+    assert resp.status == 303
+    cookie = session_cookie(resp)
+    assert cookie["httponly"] is True
+    assert cookie["samesite"].lower() == "lax"
+    assert cookie["path"] == "/"
+    assert int(cookie["max-age"]) == int(server.settings.session_ttl_s)
+    assert not cookie["secure"]  # plain http: a Secure cookie would never come back
+
+    # Behind a TLS-terminating proxy. uvicorn trusts X-Forwarded-Proto from 127.0.0.1 (its
+    # default `forwarded_allow_ips`), so the app sees `https` exactly as it would in production.
+    resp, _ = await post_login(
+        client,
+        server,
+        server.boot.email,
+        server.boot.password or "",
+        headers={"X-Forwarded-Proto": "https"},
+    )
+    assert resp.status == 303
+    assert session_cookie(resp)["secure"] is True
+
+
+async def test_password_change_ends_every_session(
+    server: RunningServer, client: aiohttp.ClientSession
+) -> None:
+    email, old = server.boot.email, server.boot.password or ""
+    new = "a much longer brand-new secret"
+    here = await sign_in(client, server, email, old)
+    elsewhere = await sign_in(client, server, email, old)
+    csrf = server.services.auth.csrf_token(here)
+
+    async def change(current: str, new_password: str, confirm: str) -> tuple[int, str, str]:
+        form = {"csrf": csrf, "current_password": current, "new_password": new_password}
+        async with client.post(
+            f"{server.base_url}/ui/account/password",
+            data={**form, "confirm": confirm},
+            headers=with_session(here, **SAME_ORIGIN),
+            allow_redirects=False,
+        ) as resp:
+            return resp.status, resp.headers.get("Location", ""), await resp.text()
+
+    # Refusals re-show the form with the reason and change nothing.
+    assert (await change(old, "too short", "too short"))[:2] == (422, "")
+    assert (await change(old, new, new + "!"))[:2] == (422, "")
+    status, _, html = await change(old + "!", new, new)
+    assert status == 403
+    assert "The current password is wrong." in html
+    assert await is_live(client, server, here)
+    assert await is_live(client, server, elsewhere)
+
+    status, location, _ = await change(old, new, new)
+    assert (status, location) == (303, "/login?done=password")
+    assert not await is_live(client, server, here)
+    assert not await is_live(client, server, elsewhere)
+    resp, html = await post_login(client, server, email, old)
+    assert resp.status == 401
+    assert await is_live(client, server, await sign_in(client, server, email, new))
+
+    async with server.services.store.read() as conn:
+        user = await identity.find_user_for_login(conn, email)
+        assert user is not None
+        user_id, stored = user.id, user.password_hash
+        events = (
+            await conn.execute(
+                sa.select(audit_events.c.actor_id, audit_events.c.target_id).where(
+                    audit_events.c.action == "user.password_change"
+                )
+            )
+        ).all()
+    assert stored is not None and stored.startswith("$argon2id$")
+    assert [tuple(e) for e in events] == [(user_id, user_id)]
