@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 from pathlib import Path
 from typing import Annotated, Any
 from uuid import UUID
 
-import sqlalchemy as sa
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
@@ -18,11 +16,9 @@ from bullpen.api.deps import SESSION_COOKIE, ServicesDep, check_same_site
 from bullpen.api.schemas import TaskCreate
 from bullpen.app import Services
 from bullpen.errors import BullpenError, Forbidden, RateLimited, Unauthenticated
-from bullpen.services.auth import SessionPrincipal, hash_password
+from bullpen.services.auth import SessionPrincipal
+from bullpen.services.users import UserService
 from bullpen.store import agents as agent_store
-from bullpen.store import audit, identity
-from bullpen.store.base import Connection
-from bullpen.store.tables import users
 
 WEB = Path(__file__).resolve().parents[2] / "web"
 templates = Jinja2Templates(directory=WEB / "templates")
@@ -253,32 +249,17 @@ async def change_password(
     session_id, who = found
     if not svc.auth.check_csrf(session_id, csrf):
         raise Forbidden("missing or wrong CSRF token")
-    user_id = who.principal.user_id
-    assert user_id is not None  # a session always belongs to a user
     if not PASSWORD_MIN <= len(new_password) <= PASSWORD_MAX:
         error = f"The new password needs {PASSWORD_MIN} to {PASSWORD_MAX} characters."
         return _account(request, svc, found, status=422, error=error)
     if new_password != confirm:
         error = "The new password and its confirmation differ."
         return _account(request, svc, found, status=422, error=error)
+    users = UserService(svc.store, svc.clock, verify_password=svc.auth.verify_password)
     try:
-        ok = await svc.auth.verify_password(user_id, current_password)
+        await users.change_password(who.principal, current_password, new_password)
     except RateLimited as err:
         return _too_many(_account(request, svc, found, status=429, error=_wait_message(err)), err)
-    if not ok:
+    except Forbidden:
         return _account(request, svc, found, status=403, error="The current password is wrong.")
-    new_hash = await asyncio.to_thread(hash_password, new_password)
-    async with svc.store.write() as conn:
-        await _set_password_hash(conn, user_id, new_hash)
-        await identity.delete_user_sessions(conn, user_id)
-        await audit.record_by(
-            conn, who.principal, "user.password_change", "user", user_id, svc.clock()
-        )
     return _end_session_cookie(RedirectResponse("/login?done=password", status_code=303))
-
-
-async def _set_password_hash(conn: Connection, user_id: UUID, password_hash: str) -> None:
-    # The store has no setter for this yet; it belongs in bullpen.store.identity.
-    await conn.execute(
-        sa.update(users).where(users.c.id == user_id).values(password_hash=password_hash)
-    )
