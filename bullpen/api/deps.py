@@ -75,6 +75,7 @@ async def authenticate(
     else:
         raise Unauthenticated("send `Authorization: Bearer <api key>` or sign in")
     svc.limits.take(principal.scope_id, str(principal.workspace_id))
+    request.state.principal = principal  # refusals (403) are audited against it
     return principal
 
 
@@ -93,9 +94,8 @@ authenticated: Any = Depends(_signed_in)
 def require(permission: Permission) -> Any:
     """A dependency giving the caller, refusing (403, audited) without `permission`."""
 
-    async def dependency(request: Request, principal: Caller, svc: ServicesDep) -> Principal:
+    async def dependency(principal: Caller) -> Principal:
         if not principal.can(permission):
-            await _audit_denial(svc, principal, request, str(permission))
             raise Forbidden(f"this needs the `{permission}` permission")
         return principal
 
@@ -103,9 +103,8 @@ def require(permission: Permission) -> Any:
     return Depends(dependency)
 
 
-async def _instance_admin(request: Request, principal: Caller, svc: ServicesDep) -> Principal:
+async def _instance_admin(principal: Caller) -> Principal:
     if not principal.is_instance_admin:
-        await _audit_denial(svc, principal, request, "instance:admin")
         raise Forbidden("only an instance admin may do this")
     return principal
 
@@ -114,18 +113,22 @@ _instance_admin.bullpen_access = "instance:admin"  # type: ignore[attr-defined]
 instance_admin: Any = Depends(_instance_admin)
 
 
-async def _audit_denial(svc: Services, principal: Principal, request: Request, needed: str) -> None:
+async def audit_denial(request: Request, reason: str) -> None:
+    """Record a 403 given to an authenticated caller (in its own transaction: the refused
+    request's work, if any, has rolled back)."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+    if principal is None:
+        return  # refused before anyone was identified (e.g. a cross-site form post)
+    svc = services(request)
     async with svc.store.write() as conn:
-        await audit.record(
+        await audit.record_by(
             conn,
-            workspace_id=principal.workspace_id,
-            actor_type=principal.actor_type,
-            actor_id=principal.actor_id,
-            action="access.denied",
-            target_type="route",
-            target_id=None,
-            now=svc.clock(),
-            data={"method": request.method, "path": request.url.path, "needs": needed},
+            principal,
+            "access.denied",
+            "route",
+            None,
+            svc.clock(),
+            {"method": request.method, "path": request.url.path, "reason": reason},
         )
 
 

@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Match
 
+from bullpen.api.deps import audit_denial
 from bullpen.errors import BullpenError
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,11 @@ async def _bullpen_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, BullpenError)
     if exc.status >= 500:
         log.warning("%s %s -> %s: %s", request.method, request.url.path, exc.status, exc.detail)
+    if exc.status == 403:
+        try:
+            await audit_denial(request, exc.detail)
+        except BullpenError as err:  # the refusal stands even if it could not be recorded
+            log.warning("could not audit a refusal: %s", err.detail)
     return from_error(exc, request.url.path)
 
 

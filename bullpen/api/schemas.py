@@ -33,6 +33,19 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def optional(description: str | None = None) -> Any:
+    """A PATCH field: may be left out, but `null` is refused (422) and not documented.
+
+    The field's type stays non-nullable; only the unvalidated default is None, so
+    `model_dump(exclude_unset=True)` holds exactly the fields sent.
+    """
+    return Field(default=None, description=description, json_schema_extra=_no_default)
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
 class TaskCreate(BaseModel):
     """Create a task for an agent."""
 
@@ -62,9 +75,9 @@ class TaskUpdate(Strict):
         extra="forbid", json_schema_extra={"examples": [{"priority": 5, "labels": ["q3"]}]}
     )
 
-    title: Title | None = None
-    priority: Priority | None = None
-    labels: Labels | None = None
+    title: Title = optional()
+    priority: Priority = optional("Higher runs first.")
+    labels: Labels = optional("Replaces the task's labels.")
 
 
 class CommentCreate(Strict):

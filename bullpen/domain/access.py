@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import StrEnum
 
-from bullpen.domain.principal import Role
+from bullpen.domain.principal import Principal, Role
+from bullpen.errors import Forbidden
 
 
 class Permission(StrEnum):
@@ -89,3 +90,9 @@ def effective(
 ) -> frozenset[Permission]:
     """What a caller may do: its grant narrowed by its key's scopes."""
     return granted if scopes is None else granted & scopes
+
+
+def need(principal: Principal, permission: Permission) -> None:
+    """Refuse unless the caller holds `permission` (the API checks first; the UI relies on it)."""
+    if not principal.can(permission):
+        raise Forbidden(f"this needs the `{permission}` permission")

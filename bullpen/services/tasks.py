@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from bullpen.domain.access import Permission
+from bullpen.domain.access import Permission, need
 from bullpen.domain.events import EventKind, RunEvent
 from bullpen.domain.principal import Principal
 from bullpen.domain.status import RunStatus, TaskStatus, task_can_move
@@ -29,12 +29,6 @@ def title_from_prompt(prompt: str) -> str:
     """A one-line title: the prompt's first line, shortened."""
     line = prompt.strip().splitlines()[0] if prompt.strip() else ""
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
-
-
-def need(principal: Principal, permission: Permission) -> None:
-    """Refuse unless the caller holds `permission` (the API checks first; the UI relies on it)."""
-    if not principal.can(permission):
-        raise Forbidden(f"this needs the `{permission}` permission")
 
 
 class TaskService:

@@ -13,10 +13,9 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from bullpen.domain.access import Permission
+from bullpen.domain.access import Permission, need
 from bullpen.domain.principal import Principal, Role
 from bullpen.errors import Conflict, Forbidden, NotFound
-from bullpen.services.tasks import need
 from bullpen.store import audit, identity
 from bullpen.store import users as user_store
 from bullpen.store import workspaces as ws_store

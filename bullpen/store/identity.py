@@ -102,14 +102,16 @@ async def create_api_key(
     scopes: list[str],
     now: datetime,
     expires_at: datetime | None = None,
+    agent_id: UUID | None = None,
 ) -> UUID:
-    """Store a new API key by its digest; the key itself is never stored."""
+    """Store a new API key (of a user, or of an agent) by its digest; never the key itself."""
     key_id = uuid.uuid4()
     await conn.execute(
         api_keys.insert().values(
             id=key_id,
             workspace_id=workspace_id,
             user_id=user_id,
+            agent_id=agent_id,
             name=name,
             prefix=prefix,
             digest=digest,

@@ -37,7 +37,7 @@ SUBJECTS = [
     if via == "key" or is_user(role)
 ]
 UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}
-_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+_PLACEHOLDER = re.compile(r"\{(\w+)(?::\w+)?\}")
 
 
 @dataclass

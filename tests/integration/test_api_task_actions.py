@@ -260,9 +260,10 @@ async def test_members_cannot_read_the_audit_log_and_the_denial_is_audited(
         problem = await problem_of(resp, 403)
     assert "audit:read" in problem["detail"]
     _, page = await call(http, server, "GET", "/api/v1/audit-events?action=access.denied")
-    assert [(e["actor_id"], e["data"]["needs"]) for e in page["items"]] == [
-        (str(key_id), "audit:read")
+    assert [(e["actor_id"], e["data"]["path"]) for e in page["items"]] == [
+        (str(key_id), "/api/v1/audit-events")
     ]
+    assert "audit:read" in page["items"][0]["data"]["reason"]
 
 
 @pytest.mark.with_settings(rate_limit_key_rps=1.0, rate_limit_key_burst=3)

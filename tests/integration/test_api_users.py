@@ -21,7 +21,6 @@ from bullpen.domain import tokens
 from bullpen.domain.principal import Role
 from bullpen.errors import Unauthenticated
 from bullpen.services.auth import hash_password
-from bullpen.store import api_keys as key_store
 from bullpen.store import identity
 from bullpen.store.tables import api_keys, audit_events, idempotency_keys, users
 from tests.conftest import RunningServer
@@ -152,8 +151,9 @@ async def test_me_and_instance_admins_manage_users(
     assert theirs.body["role"] == "member" and theirs.body["is_instance_admin"] is False
     agent_key = tokens.new_api_key()
     async with svc.store.write() as conn:
-        await key_store.create_agent_key(
+        await identity.create_api_key(
             conn,
+            user_id=None,
             workspace_id=server.boot.workspace_id,
             agent_id=server.boot.agent_id,
             name="agent",
@@ -346,8 +346,9 @@ async def test_password_change_ends_every_session(
 
     agent_key = tokens.new_api_key()
     async with svc.store.write() as conn:
-        await key_store.create_agent_key(
+        await identity.create_api_key(
             conn,
+            user_id=None,
             workspace_id=server.boot.workspace_id,
             agent_id=server.boot.agent_id,
             name="agent",

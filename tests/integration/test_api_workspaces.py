@@ -19,7 +19,6 @@ from bullpen.domain.events import EventKind, RunEvent
 from bullpen.domain.principal import Role
 from bullpen.errors import Unauthenticated
 from bullpen.store import agents as agent_store
-from bullpen.store import api_keys as key_store
 from bullpen.store import events as event_store
 from bullpen.store import identity
 from bullpen.store import tasks as task_store
@@ -229,8 +228,9 @@ async def test_workspaces_list_create_read_rename(
     # An agent's key sees only its own workspace.
     key = tokens.new_api_key()
     async with svc.store.write() as conn:
-        await key_store.create_agent_key(
+        await identity.create_api_key(
             conn,
+            user_id=None,
             workspace_id=server.boot.workspace_id,
             agent_id=server.boot.agent_id,
             name="agent",

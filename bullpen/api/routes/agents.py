@@ -1,7 +1,267 @@
-"""/api/v1/agents."""
+"""/api/v1/agents: create, list, read, change, pause and delete agents."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, Response
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+
+from bullpen.api import docs
+from bullpen.api.deps import ServicesDep, require, require_json
+from bullpen.api.idempotency import Idempotent
+from bullpen.api.schemas import Strict, optional
+from bullpen.domain.access import Permission
+from bullpen.domain.principal import Principal
+from bullpen.services.agents import AgentService
+
+SYSTEM_PROMPT_MAX = 20_000
+MAX_TOKENS_MAX = 1_000_000
+RUNS_MIN, RUNS_MAX = 1, 1000
+
+# Printable, no control characters, no leading or trailing whitespace.
+_WORD = r"^[^\x00-\x20\x7f]([^\x00-\x1f\x7f]*[^\x00-\x20\x7f])?$"
+# Multi-line text: tabs and line breaks allowed, other control characters not.
+_PROSE = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
+
+AgentName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.-]*$"),
+]
+AgentTitle = Annotated[
+    str, StringConstraints(max_length=200, strip_whitespace=True, pattern=r"^[^\x00-\x1f\x7f]*$")
+]
+
+
+def _integral(value: Any) -> Any:
+    # JSON Schema counts 5.0 as an integer; strings and booleans stay refused.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# Constraints before the validator, so OpenAPI shows them as `minimum`/`maximum`.
+MaxRuns = Annotated[int, Field(ge=RUNS_MIN, le=RUNS_MAX, strict=True), BeforeValidator(_integral)]
+MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_MAX, strict=True), BeforeValidator(_integral)]
+
+
+class Adapter(StrEnum):
+    """How an agent runs; `http` and `process` arrive later."""
+
+    LLM = "llm"
+
+
+class SettableStatus(StrEnum):
+    """The statuses a caller may set (`terminated` is not one)."""
+
+    ACTIVE = "active"
+    PAUSED = "paused"
+
+
+class LlmAgentConfig(Strict):
+    """An `llm` agent's configuration: which provider and model it calls, and how."""
+
+    provider: Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=_WORD)] = (
+        Field(examples=["simulated"], description="A provider name configured on the server.")
+    )
+    model: Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=_WORD)] = Field(
+        examples=["sim-1"], description="The provider's model name."
+    )
+    system_prompt: (
+        Annotated[str, StringConstraints(max_length=SYSTEM_PROMPT_MAX, pattern=_PROSE)] | None
+    ) = Field(default=None, description="Omit for Bullpen's default system prompt.")
+    max_tokens: MaxTokens | None = Field(
+        default=None, description="Cap on each completion's output tokens; omit for none."
+    )
+
+    def stored(self) -> dict[str, Any]:
+        """The config as the worker reads it (unset options are left out, not null)."""
+        return self.model_dump(exclude_none=True)
+
+
+class AgentCreate(Strict):
+    """A new agent."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "analyst",
+                    "title": "Data analyst",
+                    "config": {"provider": "simulated", "model": "sim-1"},
+                }
+            ]
+        },
+    )
+
+    name: AgentName = Field(description="Unique in the workspace.")
+    title: AgentTitle = ""
+    adapter: Adapter = Field(default=Adapter.LLM, description="Only `llm` for now.")
+    config: LlmAgentConfig
+    max_concurrent_runs: MaxRuns = Field(default=10, description="Runs of this agent at once.")
+    status: SettableStatus = Field(
+        default=SettableStatus.ACTIVE, description="A paused agent takes no new tasks."
+    )
+
+
+class AgentUpdate(Strict):
+    """Change an agent (send only what changes; `config` is replaced as a whole)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"status": "paused"}, {"title": "Lead analyst"}]},
+    )
+
+    name: AgentName = optional()
+    title: AgentTitle = optional()
+    config: LlmAgentConfig = optional("Replaces the whole config.")
+    max_concurrent_runs: MaxRuns = optional()
+    status: SettableStatus = optional("`active` or `paused`.")
+
+
+class AgentPublic(BaseModel):
+    """An agent as the API shows it."""
+
+    id: UUID
+    name: str
+    title: str
+    adapter: str = Field(examples=["llm"])
+    config: dict[str, Any]
+    status: str = Field(examples=["active"], description="`active`, `paused` or `terminated`.")
+    max_concurrent_runs: int
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> AgentPublic:
+        """Build from an `agents` row."""
+        return cls(
+            id=row.id,
+            name=row.name,
+            title=row.title,
+            adapter=row.adapter,
+            config=dict(row.config),
+            status=row.status,
+            max_concurrent_runs=row.max_concurrent_runs,
+            created_at=row.created_at,
+        )
+
+
+class AgentList(BaseModel):
+    """The workspace's agents by name."""
+
+    items: list[AgentPublic]
+
 
 router = APIRouter(prefix="/api/v1/agents", tags=["agents"])
+
+AgentId = Annotated[UUID, docs.path_id("agent")]
+Reader = Annotated[Principal, require(Permission.AGENTS_READ)]
+Writer = Annotated[Principal, require(Permission.AGENTS_WRITE)]
+
+_AGENT_LINKS = {
+    "GetAgent": docs.link("getAgent", agent_id="$response.body#/id"),
+    "UpdateAgent": docs.link("updateAgent", agent_id="$response.body#/id"),
+}
+
+
+def _service(svc: ServicesDep) -> AgentService:
+    return AgentService(svc.store, svc.clock)
+
+
+Agents = Annotated[AgentService, Depends(_service)]
+
+
+@router.get(
+    "",
+    operation_id="listAgents",
+    response_model=AgentList,
+    responses=docs.problems(401, 403, 429, 503),
+    summary="List agents",
+)
+async def list_agents(principal: Reader, agents: Agents) -> AgentList:
+    """Every agent of the workspace, ordered by name."""
+    rows = await agents.list(principal)
+    return AgentList(items=[AgentPublic.from_row(row) for row in rows])
+
+
+@router.post(
+    "",
+    operation_id="createAgent",
+    status_code=201,
+    response_model=AgentPublic,
+    dependencies=[Depends(require_json)],
+    responses={
+        **docs.created(AgentPublic, "The agent", _AGENT_LINKS),
+        **docs.problems(400, 401, 403, 409, 413, 415, 422, 429, 503),
+    },
+    summary="Create an agent",
+)
+async def create_agent(
+    body: AgentCreate, principal: Writer, agents: Agents, idem: Idempotent
+) -> Response:
+    """Create an agent; its name must be unused in the workspace (409 otherwise)."""
+    async with idem.begin(principal) as tx:
+        if tx.replayed is not None:
+            return tx.replayed
+        row = await agents.create(
+            principal,
+            name=body.name,
+            title=body.title,
+            adapter=body.adapter.value,
+            config=body.config.stored(),
+            max_concurrent_runs=body.max_concurrent_runs,
+            status=body.status.value,
+        )
+        return tx.respond(201, AgentPublic.from_row(row), location=f"/api/v1/agents/{row.id}")
+
+
+@router.get(
+    "/{agent_id}",
+    operation_id="getAgent",
+    response_model=AgentPublic,
+    responses=docs.problems(*docs.READ),
+    summary="Get an agent",
+)
+async def get_agent(agent_id: AgentId, principal: Reader, agents: Agents) -> AgentPublic:
+    """One agent of the workspace."""
+    return AgentPublic.from_row(await agents.get(principal, agent_id))
+
+
+@router.patch(
+    "/{agent_id}",
+    operation_id="updateAgent",
+    response_model=AgentPublic,
+    dependencies=[Depends(require_json)],
+    responses=docs.problems(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
+    summary="Change, pause or resume an agent",
+)
+async def update_agent(
+    agent_id: AgentId, body: AgentUpdate, principal: Writer, agents: Agents
+) -> AgentPublic:
+    """Only the fields sent change; `null` is not a value for any of them.
+
+    `config` is replaced as a whole. `status` is `active` or `paused` (a paused agent takes no
+    new tasks; its running ones finish). A name in use is 409.
+    """
+    changes = body.model_dump(exclude_unset=True)
+    if "config" in changes:
+        changes["config"] = body.config.stored()
+    if "status" in changes:
+        changes["status"] = body.status.value
+    return AgentPublic.from_row(await agents.update(principal, agent_id, changes))
+
+
+@router.delete(
+    "/{agent_id}",
+    operation_id="deleteAgent",
+    status_code=204,
+    response_class=Response,
+    responses=docs.problems(401, 403, 404, 409, 422, 429, 503),
+    summary="Delete an agent without tasks",
+)
+async def delete_agent(agent_id: AgentId, principal: Writer, agents: Agents) -> Response:
+    """Delete an agent and its API keys; an agent with tasks is 409 (pause it instead)."""
+    await agents.delete(principal, agent_id)
+    return Response(status_code=204)

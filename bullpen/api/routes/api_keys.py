@@ -1,7 +1,237 @@
-"""/api/v1/api-keys."""
+"""/api/v1/api-keys: create (the key is shown once), list, read and revoke API keys."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, Response
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    field_validator,
+)
+
+from bullpen.api import docs
+from bullpen.api.deps import ServicesDep, require, require_json
+from bullpen.api.idempotency import Idempotent
+from bullpen.api.schemas import Strict
+from bullpen.domain.access import ALL_SCOPES, Permission
+from bullpen.domain.principal import Principal
+from bullpen.services.api_keys import LIST_MAX, ApiKeyService
+
+# Printable, no control characters, no leading or trailing whitespace.
+_NAME = r"^[^\x00-\x20\x7f]([^\x00-\x1f\x7f]*[^\x00-\x20\x7f])?$"
+KeyName = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=_NAME)]
+# Either permissions, or `["*"]` alone: the schema itself says `*` combines with nothing.
+Permissions = Annotated[list[Permission], Field(min_length=1, max_length=len(Permission))]
+Everything = Annotated[list[Literal["*"]], Field(min_length=1, max_length=1)]
+_EVERYTHING: list[Literal["*"]] = ["*"]
+
+
+def _scope_kind(value: Any) -> str:
+    return "everything" if isinstance(value, list) and ALL_SCOPES in value else "permissions"
+
+
+Scopes = Annotated[
+    Annotated[Permissions, Tag("permissions")] | Annotated[Everything, Tag("everything")],
+    Discriminator(_scope_kind),
+]
+
+
+class ApiKeyCreate(Strict):
+    """A new API key for the caller or, with `keys:admin`, for one of the workspace's agents."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"name": "ci pipeline", "scopes": ["tasks:read", "tasks:write"]},
+                {"name": "laptop"},
+            ]
+        },
+    )
+
+    name: KeyName = Field(description="What the key is for (1–100 characters).")
+    scopes: Scopes = Field(
+        default=_EVERYTHING,
+        description=(
+            'What the key may do: permissions, or `["*"]` for everything its owner may do '
+            "(the owner's current role, or an agent's grant). A key never grants more than its "
+            "creator holds: asking for more is 403."
+        ),
+    )
+    expires_at: AwareDatetime | None = Field(
+        default=None,
+        description="When the key stops working: in the future, at most 366 days ahead. "
+        "Omit for a key that does not expire.",
+    )
+    agent_id: UUID | None = Field(
+        default=None,
+        description="Create the key for this agent of the workspace (needs `keys:admin`).",
+    )
+
+    @field_validator("scopes")
+    @classmethod
+    def _unique(cls, value: list[Any]) -> list[Any]:
+        return list(dict.fromkeys(value))
+
+
+class ApiKeyPublic(BaseModel):
+    """An API key as listed: never the key itself, only its visible prefix."""
+
+    id: UUID
+    name: str
+    prefix: str = Field(
+        examples=["bp_AbCdEfGh"], description="The key's first characters, to tell keys apart."
+    )
+    scopes: list[str] = Field(examples=[["*"], ["tasks:read"]])
+    user_id: UUID | None = Field(description="The user the key acts as (null for an agent's).")
+    agent_id: UUID | None = Field(description="The agent the key acts as (null for a user's).")
+    created_at: datetime
+    expires_at: datetime | None
+    last_used_at: datetime | None = Field(description="Last use, to about a minute.")
+    revoked_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> ApiKeyPublic:
+        """Build from an `api_keys` row (without its digest)."""
+        return cls(
+            id=row.id,
+            name=row.name,
+            prefix=row.prefix,
+            scopes=list(row.scopes),
+            user_id=row.user_id,
+            agent_id=row.agent_id,
+            created_at=row.created_at,
+            expires_at=row.expires_at,
+            last_used_at=row.last_used_at,
+            revoked_at=row.revoked_at,
+        )
+
+
+class ApiKeyCreated(ApiKeyPublic):
+    """A new API key, with the key itself shown this once."""
+
+    key: str | None = Field(
+        description=(
+            "The full key (`bp_…`), shown only in this response: store it now. It is never "
+            "stored, so a replay of this request (same `Idempotency-Key`) returns `null`; if "
+            "the first response was lost, revoke the key and create another."
+        ),
+    )
+
+
+class ApiKeyList(BaseModel):
+    """API keys, newest first."""
+
+    items: list[ApiKeyPublic] = Field(description=f"At most the {LIST_MAX} newest keys.")
+
 
 router = APIRouter(prefix="/api/v1/api-keys", tags=["api-keys"])
+
+KeyId = Annotated[UUID, docs.path_id("API key")]
+Reader = Annotated[Principal, require(Permission.KEYS_READ)]
+Writer = Annotated[Principal, require(Permission.KEYS_WRITE)]
+
+_KEY_LINKS = {
+    "GetApiKey": docs.link("getApiKey", key_id="$response.body#/id"),
+    "RevokeApiKey": docs.link("revokeApiKey", key_id="$response.body#/id"),
+}
+
+
+def _service(svc: ServicesDep) -> ApiKeyService:
+    return ApiKeyService(svc.store, svc.clock, svc.secret)
+
+
+Keys = Annotated[ApiKeyService, Depends(_service)]
+
+
+@router.get(
+    "",
+    operation_id="listApiKeys",
+    response_model=ApiKeyList,
+    responses=docs.problems(401, 403, 429, 503),
+    summary="List API keys",
+)
+async def list_api_keys(principal: Reader, keys: Keys) -> ApiKeyList:
+    """The caller's own keys, newest first, revoked and expired ones included.
+
+    With `keys:admin`: every key of the workspace, users' and agents'. At most the 200 newest.
+    """
+    rows = await keys.list(principal)
+    return ApiKeyList(items=[ApiKeyPublic.from_row(row) for row in rows])
+
+
+@router.post(
+    "",
+    operation_id="createApiKey",
+    status_code=201,
+    response_model=ApiKeyCreated,
+    dependencies=[Depends(require_json)],
+    responses={
+        **docs.created(ApiKeyCreated, "The key; `key` is shown only here", _KEY_LINKS),
+        **docs.problems(*docs.WRITE),
+    },
+    summary="Create an API key",
+)
+async def create_api_key(
+    body: ApiKeyCreate, principal: Writer, keys: Keys, idem: Idempotent
+) -> Response:
+    """A new key, returned once in `key`; only its HMAC digest is stored.
+
+    The scopes must be within the caller's own permissions (403 otherwise). A key for an
+    agent (`agent_id`) needs `keys:admin`. A replay returns `key: null`.
+    """
+    async with idem.begin(principal) as tx:
+        if tx.replayed is not None:
+            return tx.replayed
+        row, key = await keys.create(
+            principal,
+            name=body.name,
+            scopes=[str(scope) for scope in body.scopes],
+            expires_at=body.expires_at,
+            agent_id=body.agent_id,
+        )
+        public = ApiKeyPublic.from_row(row).model_dump()
+        return tx.respond(
+            201,
+            ApiKeyCreated(**public, key=key),
+            stored=ApiKeyCreated(**public, key=None),
+            location=f"/api/v1/api-keys/{row.id}",
+        )
+
+
+@router.get(
+    "/{key_id}",
+    operation_id="getApiKey",
+    response_model=ApiKeyPublic,
+    responses=docs.problems(*docs.READ),
+    summary="Get an API key",
+)
+async def get_api_key(key_id: KeyId, principal: Reader, keys: Keys) -> ApiKeyPublic:
+    """One of the caller's keys, or any key of the workspace with `keys:admin`."""
+    return ApiKeyPublic.from_row(await keys.get(principal, key_id))
+
+
+@router.delete(
+    "/{key_id}",
+    operation_id="revokeApiKey",
+    status_code=204,
+    response_class=Response,
+    responses=docs.problems(401, 403, 404, 422, 429, 503),
+    summary="Revoke an API key",
+)
+async def revoke_api_key(key_id: KeyId, principal: Writer, keys: Keys) -> Response:
+    """The key stops working at once; revoking a revoked key is a no-op.
+
+    Own keys need `keys:write`, others' (users' and agents') `keys:admin`.
+    """
+    await keys.revoke(principal, key_id)
+    return Response(status_code=204)

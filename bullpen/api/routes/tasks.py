@@ -138,17 +138,7 @@ async def update_task(
     task_id: TaskId, body: TaskUpdate, principal: Writer, svc: ServicesDep
 ) -> TaskPublic:
     """Only the fields sent change; `null` is not a value for any of them."""
-    changes = body.model_dump(exclude_unset=True)
-    nulls = [name for name, value in changes.items() if value is None]
-    if nulls:
-        raise InvalidInput(
-            "these fields cannot be null",
-            errors=[
-                {"location": "body", "field": n, "message": "cannot be null", "code": "null"}
-                for n in nulls
-            ],
-        )
-    task, run = await svc.tasks.update(principal, task_id, changes)
+    task, run = await svc.tasks.update(principal, task_id, body.model_dump(exclude_unset=True))
     return TaskPublic.from_rows(task, run)
 
 

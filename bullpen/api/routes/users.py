@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints
 from bullpen.api import cursor, docs
 from bullpen.api.deps import ServicesDep, authenticated, instance_admin, require_json
 from bullpen.api.idempotency import Idempotent
-from bullpen.api.schemas import Strict
+from bullpen.api.schemas import Strict, optional
 from bullpen.domain.principal import Principal, Role
 from bullpen.services.users import UserService, hash_new_password
 
@@ -47,15 +47,6 @@ Password = Annotated[
         strict=True,
     ),
 ]
-
-
-def optional(description: str | None = None) -> Any:
-    """A PATCH field: may be left out, but `null` is refused (422) and not documented."""
-    return Field(default=None, description=description, json_schema_extra=_no_default)
-
-
-def _no_default(schema: dict[str, Any]) -> None:
-    schema.pop("default", None)
 
 
 class UserCreate(Strict):

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from bullpen.api import docs
 from bullpen.api.deps import ServicesDep, authenticated, instance_admin, require, require_json
 from bullpen.api.idempotency import Idempotent
-from bullpen.api.routes.users import Name, optional
-from bullpen.api.schemas import Strict
+from bullpen.api.routes.users import Name
+from bullpen.api.schemas import Strict, optional
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal, Role
 from bullpen.services.workspaces import Membership, WorkspaceService
