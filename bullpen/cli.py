@@ -108,6 +108,7 @@ def up(
         log_config=None,
         timeout_graceful_shutdown=5,
         backlog=4096,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
     )
     uvicorn.Server(config).run()
 
@@ -184,34 +185,87 @@ def sim_provider(
 
 @cli.command()
 def bench(
+    ctx: typer.Context,
+    scenario: Annotated[
+        str,
+        typer.Option(
+            help="reference (create, stream, think; ramp to 80) or create (create throughput)."
+        ),
+    ] = "reference",
     backend: Annotated[
         str, typer.Option(help="Server to start and measure: sqlite or postgres.")
     ] = "sqlite",
     url: Annotated[
-        str | None, typer.Option(help="Measure a running server instead of starting one.")
+        str | None,
+        typer.Option(help="[reference] Measure a running server instead of starting one."),
     ] = None,
-    api_key: Annotated[str | None, typer.Option(help="API key for --url.")] = None,
-    agent_id: Annotated[str | None, typer.Option(help="Agent UUID for --url.")] = None,
+    api_key: Annotated[str | None, typer.Option(help="[reference] API key for --url.")] = None,
+    agent_id: Annotated[str | None, typer.Option(help="[reference] Agent UUID for --url.")] = None,
     pg_url: Annotated[
         str, typer.Option(help="PostgreSQL server where a scratch database is made.")
     ] = "postgresql://postgres@127.0.0.1:5432/test",
-    scale: Annotated[float, typer.Option(help="Multiply every stage duration.")] = 1.0,
-    peak: Annotated[int, typer.Option(help="Virtual users at the peak stage.")] = 80,
-    hold: Annotated[int, typer.Option(help="Virtual users at the first hold stage.")] = 50,
-    think: Annotated[float, typer.Option(help="Seconds each user waits between tasks.")] = 1.0,
+    scale: Annotated[float, typer.Option(help="[reference] Multiply every stage duration.")] = 1.0,
+    peak: Annotated[int, typer.Option(help="[reference] Virtual users at the peak stage.")] = 80,
+    hold: Annotated[
+        int, typer.Option(help="[reference] Virtual users at the first hold stage.")
+    ] = 50,
+    think: Annotated[
+        float, typer.Option(help="[reference] Seconds each user waits between tasks.")
+    ] = 1.0,
     sim: Annotated[
-        str, typer.Option(help="Simulator placement: process (own process) or inprocess.")
+        str,
+        typer.Option(help="[reference] Simulator placement: process (own process) or inprocess."),
     ] = "process",
+    baseline_ref: Annotated[
+        str | None,
+        typer.Option(
+            help="[create] Also measure this git revision (e.g. cebf6e6), rounds alternating."
+        ),
+    ] = None,
+    concurrency: Annotated[
+        int, typer.Option(help="[create] Clients creating tasks back to back.")
+    ] = 32,
+    duration: Annotated[float, typer.Option(help="[create] Measured seconds per round.")] = 15.0,
+    warmup: Annotated[
+        float, typer.Option(help="[create] Warm-up seconds before each round.")
+    ] = 3.0,
+    rounds: Annotated[int, typer.Option(help="[create] Rounds per server.")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON, no progress bar.")] = False,
 ) -> None:
-    """The reference scenario as a load test: create, stream to the end, think; ramp to 80."""
+    """Load tests: the reference scenario (default) or create throughput (--scenario create)."""
+    only: dict[str, tuple[str, ...]] = {
+        "reference": ("url", "api_key", "agent_id", "scale", "peak", "hold", "think", "sim"),
+        "create": ("baseline_ref", "concurrency", "duration", "warmup", "rounds"),
+    }
+    if scenario not in only:
+        raise typer.BadParameter("--scenario must be reference or create")
+    if backend not in ("sqlite", "postgres"):
+        raise typer.BadParameter("--backend must be sqlite or postgres")
+    for other, names in only.items():
+        for name in names:
+            source = ctx.get_parameter_source(name)
+            # By name: typer vendors its own copy of click's ParameterSource enum.
+            if other != scenario and source is not None and source.name != "DEFAULT":
+                option = "--" + name.replace("_", "-")
+                raise typer.BadParameter(f"{option} applies to --scenario {other} only")
+    if scenario == "create":
+        _bench_create(
+            backend,
+            pg_url=pg_url,
+            baseline_ref=baseline_ref,
+            concurrency=concurrency,
+            duration=duration,
+            warmup=warmup,
+            rounds=rounds,
+            as_json=as_json,
+        )
+        return
+
     from bullpen.bench.loadgen import run_load
     from bullpen.bench.report import live_progress, render_table, to_json
     from bullpen.bench.spawn import spawn_server
     from bullpen.bench.stages import default_stages, total_duration
 
-    if backend not in ("sqlite", "postgres"):
-        raise typer.BadParameter("--backend must be sqlite or postgres")
     if sim not in ("process", "inprocess"):
         raise typer.BadParameter("--sim must be process or inprocess")
     if url is not None and (api_key is None or agent_id is None):
@@ -249,6 +303,55 @@ def bench(
     report = uvloop.run(run())
     if as_json:
         print(json.dumps(report), flush=True)
+
+
+def _bench_create(
+    backend: str,
+    *,
+    pg_url: str,
+    baseline_ref: str | None,
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    rounds: int,
+    as_json: bool,
+) -> None:
+    """`bullpen bench --scenario create`: closed-loop creates, optionally against a baseline."""
+    import math
+
+    from bullpen.bench.createload import CreateRound, render_create_table, run_create_bench
+
+    if concurrency < 1 or rounds < 1:
+        raise typer.BadParameter("--concurrency and --rounds must be >= 1")
+    if not (math.isfinite(duration) and duration > 0 and math.isfinite(warmup) and warmup >= 0):
+        raise typer.BadParameter("--duration must be > 0 and --warmup >= 0")
+    if baseline_ref is not None and (not baseline_ref or baseline_ref.startswith("-")):
+        raise typer.BadParameter("--baseline-ref must name a git revision")
+
+    def progress(r: CreateRound) -> None:
+        if not as_json:
+            console.print(
+                f"round {r.index}/{rounds} {r.server}: {r.created_per_s or 0:.0f} creates/s, "
+                f"p99 {r.latency_ms.p99 or 0:.1f} ms, errors {r.errors_total}",
+                highlight=False,
+            )
+
+    comparison = uvloop.run(
+        run_create_bench(
+            backend,  # type: ignore[arg-type]
+            baseline_ref=baseline_ref,
+            pg_admin_url=pg_url,
+            concurrency=concurrency,
+            duration_s=duration,
+            warmup_s=warmup,
+            rounds=rounds,
+            on_round=progress,
+        )
+    )
+    if as_json:
+        print(json.dumps(comparison.as_dict()), flush=True)
+    else:
+        Console(width=max(Console().width, 110)).print(render_create_table(comparison))
 
 
 def main() -> None:

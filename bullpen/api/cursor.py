@@ -7,12 +7,23 @@ from datetime import datetime
 from uuid import UUID
 
 from bullpen.errors import InvalidInput
+from bullpen.store.paging import Page
 
 
 def encode(created_at: datetime, row_id: UUID) -> str:
     """A cursor pointing after (created_at, id)."""
     raw = f"{created_at.isoformat()}|{row_id}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def after(cursor: str | None) -> tuple[datetime, UUID] | None:
+    """Where the requested page starts: after the cursor's position, or at the top without one."""
+    return decode(cursor) if cursor else None
+
+
+def next_of(page: Page) -> str | None:
+    """The cursor of the page after `page`; None when it is the last."""
+    return encode(*page.next_after) if page.next_after else None
 
 
 def decode(cursor: str) -> tuple[datetime, UUID]:

@@ -4,6 +4,12 @@
 `/healthz`, and on exit stops the server (SIGTERM, then SIGKILL after a grace period), drops the
 database and removes the temporary directory. The server's stderr goes to a file so a crash can
 be reported with its tail.
+
+By default the server runs this checkout's code. `extract_revision` unpacks another git
+revision (`git archive REV | tar -x`, no worktree or checkout, so the repository is never
+touched) and `spawn_server(source=...)` runs that tree instead: the same interpreter and
+installed dependencies, with the tree first on `PYTHONPATH` and as the working directory of
+every subprocess (`init`, `sim-provider` and `up` alike).
 """
 
 from __future__ import annotations
@@ -20,22 +26,33 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import IO, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
 
+import bullpen
 from bullpen.errors import BullpenError
 
-__all__ = ["SpawnError", "SpawnedServer", "spawn_server"]
+__all__ = [
+    "SourceTree",
+    "SpawnError",
+    "SpawnedServer",
+    "extract_revision",
+    "head_commit",
+    "project_root",
+    "spawn_server",
+]
 
 Backend = Literal["sqlite", "postgres"]
-SimPlacement = Literal["process", "inprocess"]
+#: `none` starts no simulator at all (`BULLPEN_SIM_ENABLED=false`): for scenarios without runs.
+SimPlacement = Literal["process", "inprocess", "none"]
 
-READY_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 60.0  # a loaded 2-core machine can take half a minute to import and start
 INIT_TIMEOUT_S = 120.0
+GIT_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
 _TAIL_BYTES = 8_192
 
@@ -45,6 +62,15 @@ class SpawnError(BullpenError):
 
     slug = "bench-spawn"
     title = "Bench server failed"
+
+
+@dataclass(frozen=True)
+class SourceTree:
+    """Bullpen's source as of one git revision, unpacked in a temporary directory."""
+
+    ref: str
+    commit: str
+    path: Path
 
 
 @dataclass(frozen=True)
@@ -60,6 +86,7 @@ class SpawnedServer:
     stderr_path: Path
     database_url: str | None = field(repr=False)
     _proc: asyncio.subprocess.Process = field(repr=False)
+    source: SourceTree | None = None
 
     @property
     def returncode(self) -> int | None:
@@ -73,6 +100,139 @@ class SpawnedServer:
 
 def _bullpen_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "bullpen", *args]
+
+
+def project_root() -> Path:
+    """Return the directory holding the `bullpen` package this process imported."""
+    return Path(bullpen.__file__).resolve().parent.parent
+
+
+async def _git(*args: str, cwd: Path) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        "git",
+        "-C",
+        str(cwd),
+        *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), GIT_TIMEOUT_S)
+    except TimeoutError as exc:
+        proc.kill()
+        await proc.wait()
+        raise SpawnError(f"`git {' '.join(args)}` did not finish in {GIT_TIMEOUT_S:.0f} s") from exc
+    if proc.returncode != 0:
+        detail = err.decode(errors="replace").strip()
+        raise SpawnError(f"`git {' '.join(args)}` exited {proc.returncode}: {detail}")
+    return out.decode().strip()
+
+
+async def head_commit(repo: Path | None = None) -> str:
+    """Return the full commit id of HEAD in `repo` (default: this checkout)."""
+    return await _git("rev-parse", "--verify", "HEAD^{commit}", cwd=repo or project_root())
+
+
+async def _archive(repo: Path, commit: str, dest: Path) -> None:
+    """`git archive COMMIT | tar -x -C DEST`, without a shell."""
+    read_fd, write_fd = os.pipe()
+    try:
+        git = await asyncio.create_subprocess_exec(
+            "git",
+            "-C",
+            str(repo),
+            "archive",
+            "--format=tar",
+            commit,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=write_fd,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            tar = await asyncio.create_subprocess_exec(
+                "tar",
+                "-x",
+                "-C",
+                str(dest),
+                stdin=read_fd,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except BaseException:
+            git.kill()
+            await git.wait()
+            raise
+    finally:
+        # The children hold their own copies; ours must close or tar never sees EOF.
+        os.close(read_fd)
+        os.close(write_fd)
+    try:
+        (_, git_err), (_, tar_err) = await asyncio.wait_for(
+            asyncio.gather(git.communicate(), tar.communicate()), GIT_TIMEOUT_S
+        )
+    except TimeoutError as exc:
+        for proc in (git, tar):
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        raise SpawnError(f"`git archive {commit}` did not finish in {GIT_TIMEOUT_S:.0f} s") from exc
+    if git.returncode != 0 or tar.returncode != 0:
+        detail = (git_err + tar_err).decode(errors="replace").strip()
+        raise SpawnError(
+            f"`git archive {commit} | tar -x` failed ({git.returncode}/{tar.returncode}): {detail}"
+        )
+
+
+@contextlib.asynccontextmanager
+async def extract_revision(ref: str, *, repo: Path | None = None) -> AsyncIterator[SourceTree]:
+    """Unpack revision `ref` of this checkout's repository into a temporary directory.
+
+    Only read-only git commands run (`rev-parse`, `archive`): no worktree, no checkout, no
+    index change, so people working in the checkout are not disturbed. The directory is
+    removed on exit.
+    """
+    project = repo or project_root()
+    commit = await _git("rev-parse", "--verify", f"{ref}^{{commit}}", cwd=project)
+    prefix = await _git("rev-parse", "--show-prefix", cwd=project)
+    top = await _git("rev-parse", "--show-toplevel", cwd=project)
+    tmp = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="bullpen-src-"))
+    try:
+        await _archive(Path(top), commit, tmp)
+        path = tmp / prefix if prefix else tmp
+        if not (path / "bullpen" / "__main__.py").is_file():
+            raise SpawnError(f"revision {ref} ({commit[:12]}) has no bullpen/__main__.py")
+        yield SourceTree(ref=ref, commit=commit, path=path)
+    finally:
+        await asyncio.to_thread(shutil.rmtree, tmp, ignore_errors=True)
+
+
+async def _check_source(env: Mapping[str, str], source: Path) -> None:
+    """Fail unless `python -m bullpen` in `source` really imports the package from there."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "import bullpen, os; print(os.path.realpath(os.getcwd()));"
+        " print(os.path.realpath(bullpen.__file__))",
+        env=dict(env),
+        cwd=source,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), INIT_TIMEOUT_S)
+    except TimeoutError as exc:
+        proc.kill()
+        await proc.wait()
+        raise SpawnError(f"importing bullpen from {source} took too long") from exc
+    # The child resolves both paths, so symlinks (a linked /tmp) cannot fool the check.
+    where, _, origin = out.decode().strip().partition("\n")
+    if proc.returncode != 0 or not PurePath(origin).is_relative_to(where):
+        raise SpawnError(
+            f"the server would not run the code in {source}: bullpen imports from "
+            f"{origin} ({err.decode(errors='replace').strip()[-500:]})"
+        )
 
 
 def _tail(path: Path, max_bytes: int) -> str:
@@ -132,10 +292,11 @@ async def _drop_database(admin_url: str, name: str) -> None:
     )
 
 
-async def _run_init(env: dict[str, str], data_dir: Path) -> dict[str, Any]:
+async def _run_init(env: dict[str, str], data_dir: Path, cwd: Path | None) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
         *_bullpen_argv("init", "--json"),
         env=env,
+        cwd=cwd,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -213,13 +374,16 @@ async def spawn_server(
     port: int | None = None,
     env: Mapping[str, str] | None = None,
     sim: SimPlacement = "process",
+    source: SourceTree | None = None,
 ) -> AsyncIterator[SpawnedServer]:
     """Start a fresh server on 127.0.0.1 and yield it; tear everything down on exit.
 
     With `sim="process"` the simulated provider runs as its own process (as a real provider
-    would be elsewhere), so the server's figures do not include the simulator's CPU.
+    would be elsewhere), so the server's figures do not include the simulator's CPU; with
+    `sim="none"` there is no simulator. With `source` the server (and its `init`) runs that
+    extracted revision instead of this checkout.
     """
-    if sim not in ("process", "inprocess"):
+    if sim not in ("process", "inprocess", "none"):
         raise ValueError(f"unknown simulator placement {sim!r}")
     if backend not in ("sqlite", "postgres"):
         raise ValueError(f"unknown backend {backend!r}")
@@ -234,13 +398,25 @@ async def spawn_server(
             res.database = await _create_database(pg_admin_url)
             database_url = _with_database(pg_admin_url, res.database, scheme="postgresql+asyncpg")
             child_env["BULLPEN_DATABASE_URL"] = database_url
+        if sim == "none":
+            child_env["BULLPEN_SIM_ENABLED"] = "false"
+        cwd: Path | None = None
+        if source is not None:
+            cwd = source.path
+            inherited = child_env.get("PYTHONPATH")
+            child_env["PYTHONPATH"] = os.pathsep.join(
+                [str(source.path), *([inherited] if inherited else [])]
+            )
         child_env.update(env or {})
+        if source is not None:
+            await _check_source(child_env, source.path)
         if sim == "process":
             sim_port = _free_port()
             res.sim_stderr = (data_dir / "sim.stderr.log").open("wb")
             res.sim_proc = await asyncio.create_subprocess_exec(
                 *_bullpen_argv("sim-provider", "--host", "127.0.0.1", "--port", str(sim_port)),
                 env=child_env,
+                cwd=cwd,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=res.sim_stderr,
@@ -251,7 +427,7 @@ async def spawn_server(
             )
             child_env["BULLPEN_SIM_URL"] = sim_url
 
-        info = await _run_init(child_env, data_dir)
+        info = await _run_init(child_env, data_dir, cwd)
         api_key, agent_id = info.get("api_key"), info.get("agent_id")
         if not isinstance(api_key, str) or not isinstance(agent_id, str):
             # Name the keys only: the line also carries the first admin's password.
@@ -267,6 +443,7 @@ async def spawn_server(
         res.proc = await asyncio.create_subprocess_exec(
             *_bullpen_argv("up", "--host", "127.0.0.1", "--port", str(port), "--quiet"),
             env=child_env,
+            cwd=cwd,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=res.stderr_file,
@@ -282,6 +459,7 @@ async def spawn_server(
             stderr_path=stderr_path,
             database_url=database_url,
             _proc=res.proc,
+            source=source,
         )
     except BaseException:
         # Do not let a cleanup failure hide the error that got us here.

@@ -20,7 +20,7 @@ from bullpen.store import audit
 from bullpen.store import events as event_store
 from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection, Store
-from bullpen.store.tasks import TaskPage
+from bullpen.store.paging import Page
 
 TITLE_CHARS = 80
 
@@ -108,7 +108,7 @@ class TaskService:
         status: str | None = None,
         agent_id: UUID | None = None,
         label: str | None = None,
-    ) -> tuple[TaskPage, dict[UUID, Any]]:
+    ) -> tuple[Page, dict[UUID, Any]]:
         """A page of tasks, newest first, with each one's latest run."""
         async with self._store.read() as conn:
             page = await task_store.list_tasks(
@@ -230,7 +230,7 @@ class TaskService:
         *,
         limit: int,
         after: tuple[datetime, UUID] | None,
-    ) -> TaskPage:
+    ) -> Page:
         """A page of a task's comments, oldest first."""
         async with self._store.read() as conn:
             await self._task(conn, principal, task_id)

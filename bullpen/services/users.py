@@ -7,7 +7,7 @@ transaction opens, so no writer waits on a hash. Passwords and hashes never reac
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -18,6 +18,7 @@ from bullpen.services.auth import hash_password
 from bullpen.store import audit, identity
 from bullpen.store import users as user_store
 from bullpen.store.base import Connection, Store
+from bullpen.store.paging import Page
 
 NO_USER = "this API key belongs to an agent, not a user; only people have an account"
 EDITABLE = frozenset({"name", "disabled", "is_instance_admin"})
@@ -81,7 +82,7 @@ class UserService:
 
     async def list(
         self, principal: Principal, *, limit: int, after: tuple[datetime, UUID] | None
-    ) -> tuple[Sequence[Any], tuple[datetime, UUID] | None]:
+    ) -> Page:
         """A page of every user of the instance, oldest first."""
         need_instance_admin(principal)
         async with self._store.read() as conn:

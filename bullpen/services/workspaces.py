@@ -20,6 +20,7 @@ from bullpen.store import audit, identity
 from bullpen.store import users as user_store
 from bullpen.store import workspaces as ws_store
 from bullpen.store.base import Connection, Store
+from bullpen.store.paging import Page
 
 NO_USER_HINT = "instance admins create users with `POST /api/v1/users`"
 
@@ -158,7 +159,7 @@ class WorkspaceService:
 
     async def members(
         self, principal: Principal, *, limit: int, after: tuple[datetime, UUID] | None
-    ) -> tuple[list[Any], tuple[datetime, UUID] | None]:
+    ) -> Page:
         """A page of the workspace's members, oldest membership first."""
         need(principal, Permission.MEMBERS_READ)
         async with self._store.read() as conn:

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from bullpen.domain.principal import Principal
 from bullpen.store.base import Connection
+from bullpen.store.paging import Page, keyset
 from bullpen.store.tables import audit_events
 
 
@@ -74,8 +75,8 @@ async def list_events(
     action: str | None = None,
     target_id: UUID | None = None,
     actor_id: UUID | None = None,
-) -> tuple[list[Any], tuple[datetime, UUID] | None]:
-    """A page of the workspace's audit events, newest first, and where the next starts."""
+) -> Page:
+    """A page of the workspace's audit events, newest first, keyset-paginated."""
     c = audit_events.c
     query = sa.select(audit_events).where(c.workspace_id == workspace_id)
     if action is not None:
@@ -84,15 +85,6 @@ async def list_events(
         query = query.where(c.target_id == target_id)
     if actor_id is not None:
         query = query.where(c.actor_id == actor_id)
-    if after is not None:
-        created, last_id = after
-        query = query.where(
-            sa.or_(c.created_at < created, sa.and_(c.created_at == created, c.id < last_id))
-        )
-    rows = list(
-        await conn.execute(query.order_by(c.created_at.desc(), c.id.desc()).limit(limit + 1))
+    return await keyset(
+        conn, query, c.created_at, c.id, limit=limit, after=after, newest_first=True
     )
-    if len(rows) <= limit:
-        return rows, None
-    rows = rows[:limit]
-    return rows, (rows[-1].created_at, rows[-1].id)

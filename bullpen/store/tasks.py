@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
@@ -13,16 +12,8 @@ import sqlalchemy as sa
 
 from bullpen.domain.status import RunStatus, TaskStatus, task_sources
 from bullpen.store.base import Connection
+from bullpen.store.paging import Page, keyset
 from bullpen.store.tables import runs, task_comments, tasks, workspaces
-
-
-@dataclass(frozen=True, slots=True)
-class TaskPage:
-    """One page of tasks, newest first, and where the next starts."""
-
-    rows: list[Any]
-    next_after: tuple[datetime, UUID] | None
-
 
 _TASK_COLUMNS = [*tasks.c, workspaces.c.task_key]
 
@@ -163,20 +154,13 @@ async def add_comment(
 
 async def list_comments(
     conn: Connection, task_id: UUID, *, limit: int, after: tuple[datetime, UUID] | None
-) -> TaskPage:
+) -> Page:
     """A page of a task's comments, oldest first, keyset-paginated on (created_at, id)."""
     c = task_comments.c
     query = sa.select(task_comments).where(c.task_id == task_id)
-    if after is not None:
-        created, last_id = after
-        query = query.where(
-            sa.or_(c.created_at > created, sa.and_(c.created_at == created, c.id > last_id))
-        )
-    rows = list(await conn.execute(query.order_by(c.created_at, c.id).limit(limit + 1)))
-    if len(rows) <= limit:
-        return TaskPage(rows=rows, next_after=None)
-    rows = rows[:limit]
-    return TaskPage(rows=rows, next_after=(rows[-1].created_at, rows[-1].id))
+    return await keyset(
+        conn, query, c.created_at, c.id, limit=limit, after=after, newest_first=False
+    )
 
 
 async def get_task(conn: Connection, workspace_id: UUID, task_id: UUID) -> Any | None:
@@ -200,14 +184,12 @@ async def list_tasks(
     agent_id: UUID | None = None,
     label: str | None = None,
     dialect: str = "sqlite",
-) -> TaskPage:
+) -> Page:
     """A page of the workspace's tasks, newest first, keyset-paginated on (created_at, id)."""
     query = (
         sa.select(*_TASK_COLUMNS)
         .select_from(tasks.join(workspaces, workspaces.c.id == tasks.c.workspace_id))
         .where(tasks.c.workspace_id == workspace_id)
-        .order_by(tasks.c.created_at.desc(), tasks.c.id.desc())
-        .limit(limit + 1)
     )
     if status is not None:
         query = query.where(tasks.c.status == status)
@@ -215,19 +197,9 @@ async def list_tasks(
         query = query.where(tasks.c.agent_id == agent_id)
     if label is not None:
         query = query.where(_has_label(label, dialect))
-    if after is not None:
-        created, last_id = after
-        query = query.where(
-            sa.or_(
-                tasks.c.created_at < created,
-                sa.and_(tasks.c.created_at == created, tasks.c.id < last_id),
-            )
-        )
-    rows = list(await conn.execute(query))
-    if len(rows) <= limit:
-        return TaskPage(rows=rows, next_after=None)
-    rows = rows[:limit]
-    return TaskPage(rows=rows, next_after=(rows[-1].created_at, rows[-1].id))
+    return await keyset(
+        conn, query, tasks.c.created_at, tasks.c.id, limit=limit, after=after, newest_first=True
+    )
 
 
 async def runs_for_tasks(conn: Connection, task_ids: list[UUID]) -> dict[UUID, Any]:

@@ -15,6 +15,7 @@ from sqlalchemy import exc
 from bullpen.errors import Conflict
 from bullpen.store import identity
 from bullpen.store.base import Connection
+from bullpen.store.paging import Page, keyset
 from bullpen.store.tables import users
 
 _PUBLIC = sa.select(
@@ -60,22 +61,11 @@ async def find_by_email(conn: Connection, email: str) -> Any | None:
     return (await conn.execute(_PUBLIC.where(users.c.email == email.lower()))).first()
 
 
-async def list_users(
-    conn: Connection, *, limit: int, after: tuple[datetime, UUID] | None
-) -> tuple[list[Any], tuple[datetime, UUID] | None]:
+async def list_users(conn: Connection, *, limit: int, after: tuple[datetime, UUID] | None) -> Page:
     """A page of users, oldest first, keyset-paginated on (created_at, id)."""
-    c = users.c
-    query = _PUBLIC
-    if after is not None:
-        created, last_id = after
-        query = query.where(
-            sa.or_(c.created_at > created, sa.and_(c.created_at == created, c.id > last_id))
-        )
-    rows = list(await conn.execute(query.order_by(c.created_at, c.id).limit(limit + 1)))
-    if len(rows) <= limit:
-        return rows, None
-    rows = rows[:limit]
-    return rows, (rows[-1].created_at, rows[-1].id)
+    return await keyset(
+        conn, _PUBLIC, users.c.created_at, users.c.id, limit=limit, after=after, newest_first=False
+    )
 
 
 async def lock_user(conn: Connection, user_id: UUID) -> Any | None:

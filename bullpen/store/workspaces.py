@@ -17,6 +17,7 @@ from bullpen.domain.status import RunStatus
 from bullpen.errors import Conflict
 from bullpen.store import identity
 from bullpen.store.base import Connection
+from bullpen.store.paging import Page, keyset
 from bullpen.store.tables import (
     agents,
     api_keys,
@@ -108,20 +109,13 @@ async def memberships_of(conn: Connection, user_id: UUID) -> list[Any]:
 
 async def list_members(
     conn: Connection, workspace_id: UUID, *, limit: int, after: tuple[datetime, UUID] | None
-) -> tuple[list[Any], tuple[datetime, UUID] | None]:
+) -> Page:
     """A page of members, oldest first, keyset-paginated on (created_at, user_id)."""
     c = memberships.c
     query = _MEMBER.where(c.workspace_id == workspace_id)
-    if after is not None:
-        created, last_id = after
-        query = query.where(
-            sa.or_(c.created_at > created, sa.and_(c.created_at == created, c.user_id > last_id))
-        )
-    rows = list(await conn.execute(query.order_by(c.created_at, c.user_id).limit(limit + 1)))
-    if len(rows) <= limit:
-        return rows, None
-    rows = rows[:limit]
-    return rows, (rows[-1].created_at, rows[-1].user_id)
+    return await keyset(
+        conn, query, c.created_at, c.user_id, limit=limit, after=after, newest_first=False
+    )
 
 
 async def get_member(conn: Connection, workspace_id: UUID, user_id: UUID) -> Any | None:

@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import pytest
+from tests.acceptance.processes import free_port, wait_until_listening
 
 
 def _env(data_dir: Path) -> dict[str, str]:
@@ -35,13 +33,6 @@ def _bullpen(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def test_init_is_idempotent_and_shows_secrets_once(tmp_path: Path) -> None:
     env = _env(tmp_path / "data")
     first = json.loads(_bullpen("init", "--json", env=env).stdout)
@@ -56,7 +47,7 @@ def test_init_is_idempotent_and_shows_secrets_once(tmp_path: Path) -> None:
 
 
 def test_the_printed_curl_line_streams_a_completion(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = _env(tmp_path / "data")
     proc = subprocess.Popen(
         [sys.executable, "-m", "bullpen", "up", "--port", str(port)],
@@ -69,15 +60,7 @@ def test_the_printed_curl_line_streams_a_completion(tmp_path: Path) -> None:
         assert proc.stdout is not None
         curl_line = proc.stdout.readline().strip()
         assert curl_line.startswith("curl ") and f"127.0.0.1:{port}" in curl_line
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.fail("server did not start")
-                time.sleep(0.1)
+        wait_until_listening(port, proc)
         streamed = subprocess.run(
             ["bash", "-c", curl_line], capture_output=True, text=True, timeout=60, check=True
         ).stdout

@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import asyncpg
 import pytest
 
 from bullpen.settings import Settings
+from tests.acceptance.processes import free_port, wait_until_listening
 
 PROMPT = "Analyze this dataset and extract key metrics"
 
@@ -43,13 +43,6 @@ def _env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @contextmanager
 def _server(env: dict[str, str], port: int) -> Iterator[subprocess.Popen[str]]:
     proc = subprocess.Popen(
@@ -60,15 +53,7 @@ def _server(env: dict[str, str], port: int) -> Iterator[subprocess.Popen[str]]:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.fail("server did not start")
-                time.sleep(0.05)
+        wait_until_listening(port, proc)
         yield proc
     finally:
         if proc.poll() is None:
@@ -124,7 +109,7 @@ async def _task_count(http: aiohttp.ClientSession, base: str, boot: dict[str, An
 async def test_killed_between_claim_and_commit_then_retried(settings: Settings) -> None:
     env = _env(settings)
     boot = _init(env)
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     assert settings.database_url is not None
     holder = await asyncpg.connect(settings.database_url.replace("+asyncpg", ""))
@@ -161,7 +146,7 @@ async def test_killed_between_claim_and_commit_then_retried(settings: Settings) 
 async def test_killed_under_load_every_key_ends_with_exactly_one_task(settings: Settings) -> None:
     env = _env(settings)
     boot = _init(env)
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     sent: list[str] = []
     answered: dict[str, str] = {}

@@ -22,7 +22,7 @@ from bullpen.store import agents as agent_store
 from bullpen.store import identity
 from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection, Store
-from bullpen.store.tables import api_keys, metadata, runs, tasks
+from bullpen.store.tables import metadata, runs, tasks
 
 PASSWORD = "correct horse battery staple"
 PROMPT = "Analyze this dataset and extract key metrics"
@@ -67,7 +67,7 @@ async def seed_tenant(store: Store, secret: bytes, csrf: Any, now: datetime, lab
             await identity.add_member(
                 conn, workspace_id=ws, user_id=user, role=member_role, now=now
             )
-            key = await _key(conn, secret, ws, user, None, now)
+            _, key = await _key(conn, secret, ws, user, None, now)
             session_id = tokens.new_session_id()
             await identity.create_session(
                 conn,
@@ -84,7 +84,8 @@ async def seed_tenant(store: Store, secret: bytes, csrf: Any, now: datetime, lab
         await identity.add_member(conn, workspace_id=ws, user_id=other, role=Role.MEMBER, now=now)
         tenant.objects["member"] = str(other)
         tenant.objects["user"] = str(other)
-        tenant.objects["key"] = str(await _key_id(conn, secret, ws, other, now))
+        other_key, _ = await _key(conn, secret, ws, other, None, now)
+        tenant.objects["key"] = str(other_key)
         loner = await _user(conn, f"loner-{tag}@example.test", now, False)
         tenant.objects["loner_email"] = f"loner-{tag}@example.test"
         tenant.objects["loner"] = str(loner)
@@ -93,7 +94,8 @@ async def seed_tenant(store: Store, secret: bytes, csrf: Any, now: datetime, lab
         idle_agent = await _agent(conn, ws, f"idle-{tag}", now)
         tenant.objects["agent"] = str(agent)
         tenant.objects["idle_agent"] = str(idle_agent)
-        tenant.subjects["agent"] = Credentials(await _key(conn, secret, ws, None, agent, now))
+        _, agent_key = await _key(conn, secret, ws, None, agent, now)
+        tenant.subjects["agent"] = Credentials(agent_key)
 
         task, run = await task_store.insert_task_with_run(
             conn,
@@ -153,34 +155,21 @@ async def _key(
     user: uuid.UUID | None,
     agent: uuid.UUID | None,
     now: datetime,
-) -> str:
+) -> tuple[uuid.UUID, str]:
+    """An API key of the user or the agent: (key id, key)."""
     key = tokens.new_api_key()
-    await conn.execute(
-        api_keys.insert().values(
-            id=uuid.uuid4(),
-            workspace_id=ws,
-            user_id=user,
-            agent_id=agent,
-            name="matrix",
-            prefix=tokens.visible_prefix(key),
-            digest=tokens.digest(secret, key),
-            scopes=["*"],
-            created_at=now,
-        )
+    key_id = await identity.create_api_key(
+        conn,
+        workspace_id=ws,
+        user_id=user,
+        agent_id=agent,
+        name="matrix",
+        prefix=tokens.visible_prefix(key),
+        digest=tokens.digest(secret, key),
+        scopes=["*"],
+        now=now,
     )
-    return key
-
-
-async def _key_id(
-    conn: Connection, secret: bytes, ws: uuid.UUID, user: uuid.UUID, now: datetime
-) -> uuid.UUID:
-    key = await _key(conn, secret, ws, user, None, now)
-    row = (
-        await conn.execute(
-            sa.select(api_keys.c.id).where(api_keys.c.digest == tokens.digest(secret, key))
-        )
-    ).one()
-    return uuid.UUID(str(row.id))
+    return key_id, key
 
 
 # Columns that change on a refused request by design: a key's last use is recorded when it

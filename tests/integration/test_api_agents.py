@@ -11,10 +11,11 @@ import sqlalchemy as sa
 from bullpen.bench.simprovider import completion_tokens
 from bullpen.domain.principal import Role
 from bullpen.store import agents as agent_store
-from bullpen.store import identity
 from bullpen.store.tables import agents, api_keys, audit_events, tasks
 from tests.conftest import RunningServer
-from tests.integration.seed import member_with_key
+from tests.integration.client import bearer, call, problem
+from tests.integration.db import audits, count, rows
+from tests.integration.seed import member_with_key, other_workspace
 from tests.integration.sse import read_events, text_of
 
 PROMPT = "Analyze this dataset and extract key metrics"
@@ -31,53 +32,12 @@ PUBLIC_FIELDS = {
 }
 
 
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-async def call(
-    http: aiohttp.ClientSession,
-    server: RunningServer,
-    method: str,
-    path: str,
-    body: Any = None,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, Any, aiohttp.ClientResponse]:
-    async with http.request(
-        method, server.base_url + path, json=body, headers=headers or server.auth
-    ) as resp:
-        raw = await resp.read()
-        data = await resp.json(content_type=None) if raw else None
-        return resp.status, data, resp
-
-
-def assert_problem(status: int, body: Any, expected: int) -> dict[str, Any]:
-    assert status == expected, body
-    assert body["status"] == expected and body["detail"], body
-    assert body["type"].startswith("https://bullpen.dev/problems/")
-    result: dict[str, Any] = body
-    return result
-
-
 async def snapshot(server: RunningServer) -> tuple[list[Any], int, int]:
     """Agents, API keys and audit events: what a refused write must leave as it was."""
-    async with server.services.store.read() as conn:
-        agent_rows = list(await conn.execute(sa.select(agents).order_by(agents.c.id)))
-        keys = (await conn.execute(sa.select(sa.func.count()).select_from(api_keys))).scalar_one()
-        events = (
-            await conn.execute(
-                sa.select(sa.func.count())
-                .select_from(audit_events)
-                .where(audit_events.c.action != "access.denied")
-            )
-        ).scalar_one()
-    return [tuple(row) for row in agent_rows], int(keys), int(events)
-
-
-async def audit_of(server: RunningServer, action: str) -> list[Any]:
-    async with server.services.store.read() as conn:
-        query = sa.select(audit_events).where(audit_events.c.action == action)
-        return list(await conn.execute(query.order_by(audit_events.c.created_at)))
+    agent_rows = await rows(server, sa.select(agents).order_by(agents.c.id))
+    keys = await count(server, api_keys)
+    events = await count(server, audit_events, audit_events.c.action != "access.denied")
+    return [tuple(row) for row in agent_rows], keys, events
 
 
 async def test_create_read_update_delete(
@@ -90,27 +50,29 @@ async def test_create_read_update_delete(
         "max_concurrent_runs": 3,
     }
     headers = {**server.auth, "Idempotency-Key": "agent-1"}
-    status, agent, resp = await call(http, server, "POST", "/api/v1/agents", body, headers)
-    assert status == 201, agent
+    created = await call(http, server, "POST", "/api/v1/agents", headers, body)
+    agent = created.body
+    assert created.status == 201, agent
     assert set(agent) == PUBLIC_FIELDS and agent["status"] == "active"
     assert agent["adapter"] == "llm" and agent["config"] == body["config"]
-    assert resp.headers["Location"] == f"/api/v1/agents/{agent['id']}"
-    status, again, resp = await call(http, server, "POST", "/api/v1/agents", body, headers)
-    assert status == 201 and again == agent and resp.headers["Idempotent-Replayed"] == "true"
+    assert created.headers["Location"] == f"/api/v1/agents/{agent['id']}"
+    again = await call(http, server, "POST", "/api/v1/agents", headers, body)
+    assert again.status == 201 and again.body == agent
+    assert again.headers["Idempotent-Replayed"] == "true"
 
-    status, listed, _ = await call(http, server, "GET", "/api/v1/agents")
-    assert status == 200 and [a["name"] for a in listed["items"]] == ["analyst", "demo"]
+    listed = await call(http, server, "GET", "/api/v1/agents")
+    assert listed.status == 200 and [a["name"] for a in listed.body["items"]] == ["analyst", "demo"]
     path = f"/api/v1/agents/{agent['id']}"
-    status, got, _ = await call(http, server, "GET", path)
-    assert status == 200 and got == agent
+    got = await call(http, server, "GET", path)
+    assert got.status == 200 and got.body == agent
 
     # What the API stores is what the worker runs: the task streams with this agent's config.
-    status, task, _ = await call(
-        http, server, "POST", "/api/v1/tasks", {"prompt": PROMPT, "agent_id": agent["id"]}
+    task = await call(
+        http, server, "POST", "/api/v1/tasks", body={"prompt": PROMPT, "agent_id": agent["id"]}
     )
-    assert status == 201, task
+    assert task.status == 201, task.body
     events = await read_events(
-        http, f"{server.base_url}/api/v1/tasks/{task['id']}/events", server.auth
+        http, f"{server.base_url}/api/v1/tasks/{task.body['id']}/events", server.auth
     )
     messages = [
         {"role": "system", "content": body["config"]["system_prompt"]},
@@ -126,11 +88,12 @@ async def test_create_read_update_delete(
         "max_concurrent_runs": 1,
         "status": "paused",
     }
-    status, updated, _ = await call(http, server, "PATCH", path, change)
-    assert status == 200, updated
+    reply = await call(http, server, "PATCH", path, body=change)
+    updated = reply.body
+    assert reply.status == 200, updated
     assert {k: updated[k] for k in change} == change
     assert updated["created_at"] == agent["created_at"]
-    (event,) = await audit_of(server, "agent.update")
+    (event,) = await audits(server, "agent.update")
     assert event.target_id == UUID(agent["id"])
     assert event.data["after"] == change
     assert event.data["before"] == {
@@ -140,65 +103,63 @@ async def test_create_read_update_delete(
         "max_concurrent_runs": 3,
         "status": "active",
     }
-    status, same, _ = await call(http, server, "PATCH", path, {"title": "Senior analyst"})
-    assert status == 200 and same == updated and len(await audit_of(server, "agent.update")) == 1
-    status, problem, _ = await call(
-        http, server, "POST", "/api/v1/tasks", {"prompt": PROMPT, "agent_id": agent["id"]}
+    same = await call(http, server, "PATCH", path, body={"title": "Senior analyst"})
+    assert same.status == 200 and same.body == updated
+    assert len(await audits(server, "agent.update")) == 1
+    reply = await call(
+        http, server, "POST", "/api/v1/tasks", body={"prompt": PROMPT, "agent_id": agent["id"]}
     )
-    assert "paused" in assert_problem(status, problem, 409)["detail"]
+    assert "paused" in problem(reply, 409)["detail"]
 
     # A fresh agent without tasks can be deleted, and its API keys go with it.
-    status, spare, _ = await call(
-        http, server, "POST", "/api/v1/agents", {"name": "spare", "config": CONFIG}
+    reply = await call(
+        http, server, "POST", "/api/v1/agents", body={"name": "spare", "config": CONFIG}
     )
-    assert status == 201 and spare["max_concurrent_runs"] == 10 and spare["title"] == ""
+    spare = reply.body
+    assert reply.status == 201 and spare["max_concurrent_runs"] == 10 and spare["title"] == ""
     assert spare["config"] == CONFIG  # unset options are left out, not stored as null
-    status, key, _ = await call(
-        http, server, "POST", "/api/v1/api-keys", {"name": "bot", "agent_id": spare["id"]}
+    reply = await call(
+        http, server, "POST", "/api/v1/api-keys", body={"name": "bot", "agent_id": spare["id"]}
     )
-    assert status == 201
-    status, body_, _ = await call(http, server, "DELETE", f"/api/v1/agents/{spare['id']}")
-    assert status == 204 and body_ is None
-    status, problem, _ = await call(http, server, "GET", f"/api/v1/agents/{spare['id']}")
-    assert_problem(status, problem, 404)
-    status, problem, _ = await call(http, server, "GET", "/api/v1/tasks", None, bearer(key["key"]))
-    assert_problem(status, problem, 401)
+    assert reply.status == 201
+    key = reply.body
+    deleted = await call(http, server, "DELETE", f"/api/v1/agents/{spare['id']}")
+    assert deleted.status == 204 and deleted.body is None
+    problem(await call(http, server, "GET", f"/api/v1/agents/{spare['id']}"), 404)
+    problem(await call(http, server, "GET", "/api/v1/tasks", bearer(key["key"])), 401)
     async with server.services.store.read() as conn:
         left = await conn.execute(sa.select(api_keys.c.id).where(api_keys.c.id == UUID(key["id"])))
         assert left.first() is None
 
     for action in ("agent.create", "agent.delete"):
-        found = await audit_of(server, action)
+        found = await audits(server, action)
         assert [e.target_id for e in found][-1] == UUID(spare["id"])
-    assert len(await audit_of(server, "agent.create")) == 2  # the replay wrote nothing
+    assert len(await audits(server, "agent.create")) == 2  # the replay wrote nothing
 
 
 async def test_conflicts_are_409(server: RunningServer, http: aiohttp.ClientSession) -> None:
-    status, problem, _ = await call(
-        http, server, "POST", "/api/v1/agents", {"name": "demo", "config": CONFIG}
+    reply = await call(
+        http, server, "POST", "/api/v1/agents", body={"name": "demo", "config": CONFIG}
     )
-    assert "demo" in assert_problem(status, problem, 409)["detail"]
-    status, other, _ = await call(
-        http, server, "POST", "/api/v1/agents", {"name": "other", "config": CONFIG}
+    assert "demo" in problem(reply, 409)["detail"]
+    other = await call(
+        http, server, "POST", "/api/v1/agents", body={"name": "other", "config": CONFIG}
     )
-    assert status == 201
+    assert other.status == 201
     before = await snapshot(server)
-    status, problem, _ = await call(
-        http, server, "PATCH", f"/api/v1/agents/{other['id']}", {"name": "demo"}
+    reply = await call(
+        http, server, "PATCH", f"/api/v1/agents/{other.body['id']}", body={"name": "demo"}
     )
-    assert_problem(status, problem, 409)
+    problem(reply, 409)
     assert await snapshot(server) == before
 
     demo = f"/api/v1/agents/{server.boot.agent_id}"
     task = {"prompt": PROMPT, "agent_id": str(server.boot.agent_id)}
-    status, _, _ = await call(http, server, "POST", "/api/v1/tasks", task)
-    assert status == 201
+    assert (await call(http, server, "POST", "/api/v1/tasks", body=task)).status == 201
     before = await snapshot(server)
-    status, problem, _ = await call(http, server, "DELETE", demo)
-    assert "pause" in assert_problem(status, problem, 409)["detail"]
+    assert "pause" in problem(await call(http, server, "DELETE", demo), 409)["detail"]
     assert await snapshot(server) == before
-    status, _, _ = await call(http, server, "GET", demo)
-    assert status == 200
+    assert (await call(http, server, "GET", demo)).status == 200
 
 
 BAD_BODIES: list[tuple[Any, str]] = [
@@ -246,12 +207,7 @@ async def test_bad_input_permissions_and_other_workspaces(
         _, member_key = await member_with_key(
             conn, ws, role=Role.MEMBER, secret=svc.secret, email="m@x.io", now=now
         )
-        other = await identity.create_workspace(
-            conn, name="Other", slug="other", task_key="OT", now=now
-        )
-        _, their_key = await member_with_key(
-            conn, other, role=Role.OWNER, secret=svc.secret, email="o@x.io", now=now
-        )
+        other, _, their_key = await other_workspace(conn, secret=svc.secret, now=now)
         theirs = await agent_store.create_agent(
             conn, workspace_id=other, name="theirs", title="", adapter="llm", config=CONFIG, now=now
         )
@@ -262,11 +218,10 @@ async def test_bad_input_permissions_and_other_workspaces(
     requests = (("POST", "/api/v1/agents", BAD_BODIES), ("PATCH", demo, BAD_CHANGES))
     for method, path, cases in requests:
         for body, field in cases:
-            status, problem, _ = await call(http, server, method, path, body)
-            problem = assert_problem(status, problem, 422)
-            assert any(str(e["field"]).startswith(field) for e in problem["errors"]), (
+            refused = problem(await call(http, server, method, path, body=body), 422)
+            assert any(str(e["field"]).startswith(field) for e in refused["errors"]), (
                 body,
-                problem,
+                refused,
             )
     for raw in (b"{not json", b"[]", b"null"):
         async with http.post(
@@ -276,26 +231,23 @@ async def test_bad_input_permissions_and_other_workspaces(
         ) as resp:
             assert resp.status == 422
 
-    status, listed, _ = await call(http, server, "GET", "/api/v1/agents", None, member)
-    assert status == 200 and [a["name"] for a in listed["items"]] == ["demo"]
-    status, _, _ = await call(http, server, "GET", demo, None, member)
-    assert status == 200
+    listed = await call(http, server, "GET", "/api/v1/agents", member)
+    assert listed.status == 200 and [a["name"] for a in listed.body["items"]] == ["demo"]
+    assert (await call(http, server, "GET", demo, member)).status == 200
     for method, path, body in (
         ("POST", "/api/v1/agents", {"name": "mine", "config": CONFIG}),
         ("PATCH", demo, {"status": "paused"}),
         ("DELETE", demo, None),
     ):
-        status, problem, _ = await call(http, server, method, path, body, member)
-        assert "agents:write" in assert_problem(status, problem, 403)["detail"]
-    assert len(await audit_of(server, "access.denied")) == 3
+        reply = await call(http, server, method, path, member, body)
+        assert "agents:write" in problem(reply, 403)["detail"]
+    assert len(await audits(server, "access.denied")) == 3
 
     for method, body in (("GET", None), ("PATCH", {"title": "x"}), ("DELETE", None)):
-        status, problem, _ = await call(http, server, method, f"/api/v1/agents/{theirs}", body)
-        assert_problem(status, problem, 404)
-        status, problem, _ = await call(http, server, method, demo, body, bearer(their_key))
-        assert_problem(status, problem, 404)
-    status, listed, _ = await call(http, server, "GET", "/api/v1/agents", None, bearer(their_key))
-    assert [a["name"] for a in listed["items"]] == ["theirs"]
+        path = f"/api/v1/agents/{theirs}"
+        problem(await call(http, server, method, path, body=body), 404)
+        problem(await call(http, server, method, demo, bearer(their_key), body), 404)
+    listed = await call(http, server, "GET", "/api/v1/agents", bearer(their_key))
+    assert [a["name"] for a in listed.body["items"]] == ["theirs"]
     assert await snapshot(server) == before
-    async with svc.store.read() as conn:
-        assert (await conn.execute(sa.select(sa.func.count()).select_from(tasks))).scalar_one() == 0
+    assert await count(server, tasks) == 0

@@ -15,10 +15,11 @@ from bullpen.store import agents as agent_store
 from bullpen.store import identity
 from bullpen.store.tables import api_keys, audit_events, idempotency_keys, tasks
 from tests.conftest import RunningServer
-from tests.integration.seed import member_with_key
+from tests.integration.client import Reply, bearer, call, problem
+from tests.integration.db import count, rows
+from tests.integration.seed import new_member, other_workspace
 
 PROMPT = "Analyze this dataset and extract key metrics"
-PROBLEM = "application/problem+json"
 PUBLIC_FIELDS = {
     "id",
     "name",
@@ -33,52 +34,13 @@ PUBLIC_FIELDS = {
 }
 
 
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-async def call(
-    http: aiohttp.ClientSession,
-    server: RunningServer,
-    method: str,
-    path: str,
-    headers: dict[str, str],
-    body: Any = None,
-) -> tuple[int, Any, aiohttp.ClientResponse]:
-    async with http.request(method, server.base_url + path, json=body, headers=headers) as resp:
-        raw = await resp.read()
-        data = await resp.json(content_type=None) if raw else None
-        return resp.status, data, resp
-
-
 async def create_key(
     http: aiohttp.ClientSession,
     server: RunningServer,
     body: dict[str, Any],
     headers: dict[str, str] | None = None,
-) -> tuple[int, Any]:
-    status, data, _ = await call(
-        http, server, "POST", "/api/v1/api-keys", headers or server.auth, body
-    )
-    return status, data
-
-
-def assert_problem(status: int, body: Any, expected: int) -> dict[str, Any]:
-    assert status == expected, body
-    assert body["status"] == expected and body["detail"], body
-    assert body["type"].startswith("https://bullpen.dev/problems/")
-    result: dict[str, Any] = body
-    return result
-
-
-async def rows(server: RunningServer, query: Any) -> list[Any]:
-    async with server.services.store.read() as conn:
-        return list(await conn.execute(query))
-
-
-async def count(server: RunningServer, table: sa.Table) -> int:
-    async with server.services.store.read() as conn:
-        return int((await conn.execute(sa.select(sa.func.count()).select_from(table))).scalar_one())
+) -> Reply:
+    return await call(http, server, "POST", "/api/v1/api-keys", headers, body)
 
 
 async def audit_actions(server: RunningServer) -> list[str]:
@@ -86,39 +48,25 @@ async def audit_actions(server: RunningServer) -> list[str]:
     return [row.action for row in found]
 
 
-async def add_member(server: RunningServer, role: Role, email: str) -> tuple[UUID, str]:
-    svc = server.services
-    async with svc.store.write() as conn:
-        return await member_with_key(
-            conn,
-            server.boot.workspace_id,
-            role=role,
-            secret=svc.secret,
-            email=email,
-            now=svc.clock(),
-        )
-
-
 async def test_key_is_shown_once_and_stored_only_as_its_digest(
     server: RunningServer, http: aiohttp.ClientSession
 ) -> None:
-    status, created = await create_key(http, server, {"name": "ci", "scopes": ["tasks:read"]})
-    assert status == 201, created
+    reply = await create_key(http, server, {"name": "ci", "scopes": ["tasks:read"]})
+    assert reply.status == 201, reply.body
+    created = reply.body
     key = created["key"]
     assert key.startswith("bp_") and len(key) >= 43
     assert created["prefix"] == tokens.visible_prefix(key) and created["scopes"] == ["tasks:read"]
     assert created["user_id"] and created["agent_id"] is None and created["revoked_at"] is None
     assert set(created) == PUBLIC_FIELDS | {"key"}
 
-    status, listed, _ = await call(http, server, "GET", "/api/v1/api-keys", server.auth)
-    assert status == 200 and key not in str(listed)
-    mine = next(item for item in listed["items"] if item["id"] == created["id"])
+    listed = await call(http, server, "GET", "/api/v1/api-keys", server.auth)
+    assert listed.status == 200 and key not in str(listed.body)
+    mine = next(item for item in listed.body["items"] if item["id"] == created["id"])
     assert set(mine) == PUBLIC_FIELDS and mine["name"] == "ci"
-    assert listed["items"][0]["id"] == created["id"]  # newest first
-    status, got, resp = await call(
-        http, server, "GET", f"/api/v1/api-keys/{created['id']}", server.auth
-    )
-    assert status == 200 and set(got) == PUBLIC_FIELDS and key not in await resp.text()
+    assert listed.body["items"][0]["id"] == created["id"]  # newest first
+    got = await call(http, server, "GET", f"/api/v1/api-keys/{created['id']}", server.auth)
+    assert got.status == 200 and set(got.body) == PUBLIC_FIELDS and key not in got.text
 
     (row,) = await rows(server, sa.select(api_keys).where(api_keys.c.id == UUID(created["id"])))
     assert bytes(row.digest) == tokens.digest(server.services.secret, key)
@@ -127,8 +75,7 @@ async def test_key_is_shown_once_and_stored_only_as_its_digest(
         if isinstance(value, bytes | memoryview):
             assert key.encode() not in bytes(value)
 
-    status, _, _ = await call(http, server, "GET", "/api/v1/tasks", bearer(key))
-    assert status == 200
+    assert (await call(http, server, "GET", "/api/v1/tasks", bearer(key))).status == 200
     (event,) = await rows(
         server, sa.select(audit_events).where(audit_events.c.action == "api_key.create")
     )
@@ -138,15 +85,15 @@ async def test_key_is_shown_once_and_stored_only_as_its_digest(
     # A replay cannot show the key again: it was never stored.
     headers = {**server.auth, "Idempotency-Key": "key-create-1"}
     body = {"name": "deploy"}
-    status, first, _ = await call(http, server, "POST", "/api/v1/api-keys", headers, body)
-    assert status == 201 and first["key"] and first["scopes"] == ["*"]
-    status, again, resp = await call(http, server, "POST", "/api/v1/api-keys", headers, body)
-    assert status == 201 and resp.headers["Idempotent-Replayed"] == "true"
-    assert again["key"] is None and again["id"] == first["id"]
-    assert resp.headers["Location"] == f"/api/v1/api-keys/{first['id']}"
+    first = await call(http, server, "POST", "/api/v1/api-keys", headers, body)
+    assert first.status == 201 and first.body["key"] and first.body["scopes"] == ["*"]
+    again = await call(http, server, "POST", "/api/v1/api-keys", headers, body)
+    assert again.status == 201 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.body["key"] is None and again.body["id"] == first.body["id"]
+    assert again.headers["Location"] == f"/api/v1/api-keys/{first.body['id']}"
     assert await count(server, api_keys) == 3  # the bootstrap key, `ci` and `deploy`
     (stored,) = await rows(server, sa.select(idempotency_keys.c.body))
-    assert first["key"].encode() not in bytes(stored.body)
+    assert first.body["key"].encode() not in bytes(stored.body)
 
 
 BAD_BODIES: list[tuple[Any, str]] = [
@@ -173,51 +120,47 @@ async def test_bad_input_scopes_and_no_escalation(
     server: RunningServer, http: aiohttp.ClientSession
 ) -> None:
     for body, field in BAD_BODIES:
-        status, problem = await create_key(http, server, body)
-        problem = assert_problem(status, problem, 422)
-        assert any(str(e["field"]).startswith(field) for e in problem["errors"]), (body, problem)
+        refused = problem(await create_key(http, server, body), 422)
+        assert any(str(e["field"]).startswith(field) for e in refused["errors"]), (body, refused)
     assert await count(server, api_keys) == 1
     assert await audit_actions(server) == ["instance.bootstrap"]
 
     # Scopes narrow what a key may do.
-    _, reader = await create_key(http, server, {"name": "ro", "scopes": ["tasks:read"]})
+    reader = (await create_key(http, server, {"name": "ro", "scopes": ["tasks:read"]})).body
     headers = bearer(reader["key"])
     task = {"prompt": PROMPT, "agent_id": str(server.boot.agent_id)}
-    status, _, _ = await call(http, server, "GET", "/api/v1/tasks", headers)
-    assert status == 200
-    status, body, _ = await call(http, server, "POST", "/api/v1/tasks", headers, task)
-    assert "tasks:write" in assert_problem(status, body, 403)["detail"]
-    status, body = await create_key(http, server, {"name": "x"}, headers)
-    assert_problem(status, body, 403)
+    assert (await call(http, server, "GET", "/api/v1/tasks", headers)).status == 200
+    reply = await call(http, server, "POST", "/api/v1/tasks", headers, task)
+    assert "tasks:write" in problem(reply, 403)["detail"]
+    problem(await create_key(http, server, {"name": "x"}, headers), 403)
     assert await count(server, tasks) == 0 and await count(server, api_keys) == 2
 
     # No escalation: a key never grants more than its creator holds.
-    _, member_key = await add_member(server, Role.MEMBER, "m@x.io")
-    member = bearer(member_key)
+    member = bearer((await new_member(server, Role.MEMBER, "m@x.io")).key)
     before = await count(server, api_keys)
-    status, body = await create_key(http, server, {"name": "x", "scopes": ["agents:write"]}, member)
-    assert "agents:write" in assert_problem(status, body, 403)["detail"]
-    status, body = await create_key(
+    reply = await create_key(http, server, {"name": "x", "scopes": ["agents:write"]}, member)
+    assert "agents:write" in problem(reply, 403)["detail"]
+    reply = await create_key(
         http, server, {"name": "x", "agent_id": str(server.boot.agent_id)}, member
     )
-    assert "keys:admin" in assert_problem(status, body, 403)["detail"]
+    assert "keys:admin" in problem(reply, 403)["detail"]
     assert await count(server, api_keys) == before
 
-    status, own = await create_key(http, server, {"name": "mine"}, member)
-    assert status == 201 and own["scopes"] == ["*"]
+    own = await create_key(http, server, {"name": "mine"}, member)
+    assert own.status == 201 and own.body["scopes"] == ["*"]
     # A scoped key may mint a key as narrow as itself, never a broader one.
     scoped = ["keys:write", "tasks:read", "tasks:write"]
-    _, narrow = await create_key(http, server, {"name": "narrow", "scopes": scoped}, member)
-    status, body = await create_key(http, server, {"name": "x"}, bearer(narrow["key"]))
-    assert "`*`" in assert_problem(status, body, 403)["detail"]
-    status, body = await create_key(
+    narrow = (await create_key(http, server, {"name": "narrow", "scopes": scoped}, member)).body
+    reply = await create_key(http, server, {"name": "x"}, bearer(narrow["key"]))
+    assert "`*`" in problem(reply, 403)["detail"]
+    reply = await create_key(
         http, server, {"name": "x", "scopes": ["agents:read"]}, bearer(narrow["key"])
     )
-    assert "agents:read" in assert_problem(status, body, 403)["detail"]
-    status, narrower = await create_key(
+    assert "agents:read" in problem(reply, 403)["detail"]
+    narrower = await create_key(
         http, server, {"name": "narrower", "scopes": ["tasks:read"]}, bearer(narrow["key"])
     )
-    assert status == 201 and narrower["scopes"] == ["tasks:read"]
+    assert narrower.status == 201 and narrower.body["scopes"] == ["tasks:read"]
     assert await count(server, api_keys) == before + 3
 
 
@@ -240,112 +183,98 @@ async def test_expired_and_revoked_keys_are_refused(
             now=now - timedelta(days=2),
             expires_at=now - timedelta(seconds=1),
         )
-    status, body, _ = await call(http, server, "GET", "/api/v1/tasks", bearer(expired))
-    assert_problem(status, body, 401)
+    problem(await call(http, server, "GET", "/api/v1/tasks", bearer(expired)), 401)
 
     soon = (now + timedelta(days=30)).isoformat()
-    status, created = await create_key(http, server, {"name": "tmp", "expires_at": soon})
-    assert status == 201 and created["expires_at"] is not None
+    reply = await create_key(http, server, {"name": "tmp", "expires_at": soon})
+    assert reply.status == 201 and reply.body["expires_at"] is not None
+    created = reply.body
     key = bearer(created["key"])
     path = f"/api/v1/api-keys/{created['id']}"
-    status, _, _ = await call(http, server, "GET", "/api/v1/tasks", key)
-    assert status == 200
-    status, body, _ = await call(http, server, "DELETE", path, server.auth)
-    assert status == 204 and body is None
-    status, body, _ = await call(http, server, "GET", "/api/v1/tasks", key)
-    assert_problem(status, body, 401)
-    status, body, _ = await call(http, server, "DELETE", path, server.auth)
-    assert status == 204  # revoking again is a no-op
-    status, got, _ = await call(http, server, "GET", path, server.auth)
-    assert status == 200 and got["revoked_at"] is not None
+    assert (await call(http, server, "GET", "/api/v1/tasks", key)).status == 200
+    revoked = await call(http, server, "DELETE", path, server.auth)
+    assert revoked.status == 204 and revoked.body is None
+    problem(await call(http, server, "GET", "/api/v1/tasks", key), 401)
+    again = await call(http, server, "DELETE", path, server.auth)
+    assert again.status == 204  # revoking again is a no-op
+    got = await call(http, server, "GET", path, server.auth)
+    assert got.status == 200 and got.body["revoked_at"] is not None
     actions = await audit_actions(server)
     assert actions.count("api_key.revoke") == 1 and actions.count("api_key.create") == 1
 
     # A key can revoke itself.
-    _, selfish = await create_key(http, server, {"name": "self"})
+    selfish = (await create_key(http, server, {"name": "self"})).body
     own = bearer(selfish["key"])
-    status, _, _ = await call(http, server, "DELETE", f"/api/v1/api-keys/{selfish['id']}", own)
-    assert status == 204
-    status, body, _ = await call(http, server, "GET", "/api/v1/api-keys", own)
-    assert_problem(status, body, 401)
+    gone = await call(http, server, "DELETE", f"/api/v1/api-keys/{selfish['id']}", own)
+    assert gone.status == 204
+    problem(await call(http, server, "GET", "/api/v1/api-keys", own), 401)
 
 
 async def test_who_sees_and_revokes_which_keys_and_agent_keys(
     server: RunningServer, http: aiohttp.ClientSession
 ) -> None:
-    member_key_id, member_key = await add_member(server, Role.MEMBER, "m@x.io")
+    _, member_key_id, member_key = await new_member(server, Role.MEMBER, "m@x.io")
     member = bearer(member_key)
     agent_id = str(server.boot.agent_id)
-    status, agent_key = await create_key(http, server, {"name": "bot", "agent_id": agent_id})
-    assert status == 201 and agent_key["agent_id"] == agent_id and agent_key["user_id"] is None
-    status, everything, _ = await call(http, server, "GET", "/api/v1/api-keys", server.auth)
-    ids = {item["id"] for item in everything["items"]}
-    assert status == 200 and {str(member_key_id), agent_key["id"]} <= ids and len(ids) == 3
+    reply = await create_key(http, server, {"name": "bot", "agent_id": agent_id})
+    agent_key = reply.body
+    assert reply.status == 201
+    assert agent_key["agent_id"] == agent_id and agent_key["user_id"] is None
+    everything = await call(http, server, "GET", "/api/v1/api-keys", server.auth)
+    ids = {item["id"] for item in everything.body["items"]}
+    assert everything.status == 200
+    assert {str(member_key_id), agent_key["id"]} <= ids and len(ids) == 3
 
     # A member sees only its own keys; others' are 404 to read and to revoke.
-    status, own, _ = await call(http, server, "GET", "/api/v1/api-keys", member)
-    assert status == 200 and [item["id"] for item in own["items"]] == [str(member_key_id)]
+    own = await call(http, server, "GET", "/api/v1/api-keys", member)
+    assert own.status == 200 and [item["id"] for item in own.body["items"]] == [str(member_key_id)]
     owner_key_id = next(i for i in ids if i not in {str(member_key_id), agent_key["id"]})
     for method in ("GET", "DELETE"):
         for target in (owner_key_id, agent_key["id"]):
-            status, body, _ = await call(http, server, method, f"/api/v1/api-keys/{target}", member)
-            assert_problem(status, body, 404)
+            problem(await call(http, server, method, f"/api/v1/api-keys/{target}", member), 404)
 
     # An agent's key creates tasks but manages no keys.
     agent = bearer(agent_key["key"])
     task = {"prompt": PROMPT, "agent_id": agent_id}
-    status, made, _ = await call(http, server, "POST", "/api/v1/tasks", agent, task)
-    assert status == 201, made
+    made = await call(http, server, "POST", "/api/v1/tasks", agent, task)
+    assert made.status == 201, made.body
     for method, path, body in (
         ("GET", "/api/v1/api-keys", None),
         ("POST", "/api/v1/api-keys", {"name": "more"}),
         ("DELETE", f"/api/v1/api-keys/{agent_key['id']}", None),
     ):
-        status, problem, _ = await call(http, server, method, path, agent, body)
-        assert_problem(status, problem, 403)
-    status, body = await create_key(
+        problem(await call(http, server, method, path, agent, body), 403)
+    reply = await create_key(
         http, server, {"name": "x", "agent_id": agent_id, "scopes": ["keys:admin"]}
     )
-    assert "keys:admin" in assert_problem(status, body, 403)["detail"]
+    assert "keys:admin" in problem(reply, 403)["detail"]
     missing = "00000000-0000-4000-8000-000000000000"
-    status, body = await create_key(http, server, {"name": "x", "agent_id": missing})
-    assert_problem(status, body, 404)
+    problem(await create_key(http, server, {"name": "x", "agent_id": missing}), 404)
 
     # keys:admin reaches everyone's keys.
-    status, _, _ = await call(
-        http, server, "DELETE", f"/api/v1/api-keys/{member_key_id}", server.auth
-    )
-    assert status == 204
-    status, body, _ = await call(http, server, "GET", "/api/v1/api-keys", member)
-    assert_problem(status, body, 401)
+    path = f"/api/v1/api-keys/{member_key_id}"
+    assert (await call(http, server, "DELETE", path, server.auth)).status == 204
+    problem(await call(http, server, "GET", "/api/v1/api-keys", member), 401)
 
     # Another workspace's keys and agents are 404, even for its keys:admin.
     svc = server.services
     async with svc.store.write() as conn:
-        other = await identity.create_workspace(
-            conn, name="Other", slug="other", task_key="OT", now=svc.clock()
-        )
-        their_key_id, their_key = await member_with_key(
-            conn, other, role=Role.OWNER, secret=svc.secret, email="o@x.io", now=svc.clock()
+        other, their_key_id, their_key = await other_workspace(
+            conn, secret=svc.secret, now=svc.clock()
         )
         their_agent = await agent_store.create_agent(
             conn, workspace_id=other, name="t", title="", adapter="llm", config={}, now=svc.clock()
         )
     for method in ("GET", "DELETE"):
-        status, body, _ = await call(
-            http, server, method, f"/api/v1/api-keys/{their_key_id}", server.auth
-        )
-        assert_problem(status, body, 404)
-        status, body, _ = await call(
-            http, server, method, f"/api/v1/api-keys/{owner_key_id}", bearer(their_key)
-        )
-        assert_problem(status, body, 404)
-    status, body = await create_key(http, server, {"name": "x", "agent_id": str(their_agent)})
-    assert_problem(status, body, 404)
-    status, theirs, _ = await call(http, server, "GET", "/api/v1/api-keys", bearer(their_key))
-    assert [item["id"] for item in theirs["items"]] == [str(their_key_id)]
-    status, _, _ = await call(http, server, "GET", "/api/v1/tasks", agent)
-    assert status == 200  # every refused revoke above changed nothing
+        path = f"/api/v1/api-keys/{their_key_id}"
+        problem(await call(http, server, method, path, server.auth), 404)
+        path = f"/api/v1/api-keys/{owner_key_id}"
+        problem(await call(http, server, method, path, bearer(their_key)), 404)
+    problem(await create_key(http, server, {"name": "x", "agent_id": str(their_agent)}), 404)
+    theirs = await call(http, server, "GET", "/api/v1/api-keys", bearer(their_key))
+    assert [item["id"] for item in theirs.body["items"]] == [str(their_key_id)]
+    still = await call(http, server, "GET", "/api/v1/tasks", agent)
+    assert still.status == 200  # every refused revoke above changed nothing
     assert await count(server, api_keys) == 4
     actions = await audit_actions(server)
     assert actions.count("api_key.create") == 1 and actions.count("api_key.revoke") == 1

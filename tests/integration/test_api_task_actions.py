@@ -14,9 +14,10 @@ import sqlalchemy as sa
 from bullpen.domain.principal import Role
 from bullpen.store.tables import audit_events, task_comments, tasks
 from tests.conftest import RunningServer
-from tests.integration.seed import member_with_key
+from tests.integration.client import bearer, call, problem, problem_of
+from tests.integration.seed import new_member
 from tests.integration.sse import read_events
-from tests.integration.test_api_tasks import PROMPT, problem_of
+from tests.integration.test_api_tasks import PROMPT
 
 SLOW_FIRST_TOKEN = {"sim_ttft_ms": 20_000.0}
 
@@ -25,25 +26,10 @@ async def new_task(
     http: aiohttp.ClientSession, server: RunningServer, **fields: Any
 ) -> dict[str, Any]:
     body = {"prompt": PROMPT, "agent_id": str(server.boot.agent_id), **fields}
-    async with http.post(f"{server.base_url}/api/v1/tasks", json=body, headers=server.auth) as r:
-        assert r.status == 201, await r.text()
-        task: dict[str, Any] = await r.json()
-        return task
-
-
-async def call(
-    http: aiohttp.ClientSession,
-    server: RunningServer,
-    method: str,
-    path: str,
-    body: Any = None,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, Any]:
-    async with http.request(
-        method, f"{server.base_url}{path}", json=body, headers=headers or server.auth
-    ) as resp:
-        data = await resp.json(content_type=None) if resp.status != 204 else None
-        return resp.status, data
+    reply = await call(http, server, "POST", "/api/v1/tasks", body=body)
+    assert reply.status == 201, reply.text
+    task: dict[str, Any] = reply.body
+    return task
 
 
 async def wait_status(
@@ -51,7 +37,7 @@ async def wait_status(
 ) -> dict[str, Any]:
     deadline = time.monotonic() + 15
     while True:
-        _, task = await call(http, server, "GET", f"/api/v1/tasks/{task_id}")
+        task = (await call(http, server, "GET", f"/api/v1/tasks/{task_id}")).body
         if task["status"] == status or time.monotonic() > deadline:
             assert task["status"] == status, task
             return dict(task)
@@ -74,9 +60,11 @@ async def test_update_changes_only_what_is_sent_and_is_audited(
     task = await new_task(http, server, title="First", priority=3, labels=["a"])
     assert (task["title"], task["priority"], task["labels"]) == ("First", 3, ["a"])
     path = f"/api/v1/tasks/{task['id']}"
-    status, updated = await call(http, server, "PATCH", path, {"labels": ["q3", "ops"]})
-    assert status == 200 and updated["labels"] == ["q3", "ops"] and updated["title"] == "First"
-    status, updated = await call(http, server, "PATCH", path, {"title": "  Renamed  "})
+    reply = await call(http, server, "PATCH", path, body={"labels": ["q3", "ops"]})
+    updated = reply.body
+    assert reply.status == 200
+    assert updated["labels"] == ["q3", "ops"] and updated["title"] == "First"
+    updated = (await call(http, server, "PATCH", path, body={"title": "  Renamed  "})).body
     assert updated["title"] == "Renamed" and updated["priority"] == 3
     assert await audit_actions(server, task["id"]) == ["task.create", "task.update", "task.update"]
     async with server.services.store.read() as conn:
@@ -112,9 +100,9 @@ async def test_bad_or_privileged_updates_are_422_and_change_nothing(
     async with http.patch(
         f"{server.base_url}/api/v1/tasks/{task['id']}", json=body, headers=server.auth
     ) as resp:
-        problem = await problem_of(resp, 422)
-    assert problem["errors"]
-    _, after = await call(http, server, "GET", f"/api/v1/tasks/{task['id']}")
+        refused = await problem_of(resp, 422)
+    assert refused["errors"]
+    after = (await call(http, server, "GET", f"/api/v1/tasks/{task['id']}")).body
     assert {k: after[k] for k in ("title", "priority", "labels", "prompt")} == {
         k: task[k] for k in ("title", "priority", "labels", "prompt")
     }
@@ -153,15 +141,16 @@ async def test_cancel_a_running_task_stops_it_within_a_second(
     task = await new_task(http, server)
     await wait_status(http, server, task["id"], "running")
     started = time.monotonic()
-    status, cancelled = await call(http, server, "POST", f"/api/v1/tasks/{task['id']}/cancel")
-    assert status == 200 and time.monotonic() - started < 1.0
+    reply = await call(http, server, "POST", f"/api/v1/tasks/{task['id']}/cancel")
+    cancelled = reply.body
+    assert reply.status == 200 and time.monotonic() - started < 1.0
     assert cancelled["status"] == "cancelled" and cancelled["run"]["status"] == "cancelled"
     events = await read_events(
         http, f"{server.base_url}/api/v1/tasks/{task['id']}/events", server.auth
     )
     assert events[-1].event == "end" and events[-1].data == {"status": "cancelled"}
     # Twice is a no-op; a finished task cannot be cancelled.
-    assert (await call(http, server, "POST", f"/api/v1/tasks/{task['id']}/cancel"))[0] == 200
+    assert (await call(http, server, "POST", f"/api/v1/tasks/{task['id']}/cancel")).status == 200
     assert await audit_actions(server, task["id"]) == ["task.create", "task.cancel"]
 
 
@@ -170,14 +159,16 @@ async def test_cancel_a_queued_task_ends_its_run_and_stream_at_once(
     server: RunningServer, http: aiohttp.ClientSession
 ) -> None:
     task = await new_task(http, server)
-    status, cancelled = await call(http, server, "POST", f"/api/v1/tasks/{task['id']}/cancel")
-    assert status == 200 and cancelled["status"] == "cancelled"
+    reply = await call(http, server, "POST", f"/api/v1/tasks/{task['id']}/cancel")
+    cancelled = reply.body
+    assert reply.status == 200 and cancelled["status"] == "cancelled"
     assert cancelled["run"]["status"] == "cancelled" and cancelled["run"]["finished_at"]
     url = f"{server.base_url}/api/v1/tasks/{task['id']}/events"
     events = await read_events(http, url, server.auth)
     assert [(e.id, e.event, e.data) for e in events] == [(1, "end", {"status": "cancelled"})]
-    status, retried = await call(http, server, "POST", f"/api/v1/tasks/{task['id']}/retry")
-    assert status == 201 and retried["status"] == "queued"
+    reply = await call(http, server, "POST", f"/api/v1/tasks/{task['id']}/retry")
+    retried = reply.body
+    assert reply.status == 201 and retried["status"] == "queued"
     assert retried["run"]["status"] == "queued" and retried["run"]["id"] != task["run"]["id"]
 
 
@@ -186,23 +177,24 @@ async def test_retry_queues_a_new_run_and_finished_tasks_refuse_cancel(
 ) -> None:
     task = await new_task(http, server)
     done = await wait_status(http, server, task["id"], "done")
-    status, problem = await call(http, server, "POST", f"/api/v1/tasks/{task['id']}/cancel")
-    assert status == 409 and problem["type"].endswith("/conflict")
-    status, problem = await call(http, server, "POST", f"/api/v1/tasks/{task['id']}/retry")
-    assert status == 409
+    reply = await call(http, server, "POST", f"/api/v1/tasks/{task['id']}/cancel")
+    assert problem(reply, 409)["type"].endswith("/conflict")
+    problem(await call(http, server, "POST", f"/api/v1/tasks/{task['id']}/retry"), 409)
     async with server.services.store.write() as conn:  # as if it had failed
         await conn.execute(
             tasks.update().where(tasks.c.id == uuid.UUID(task["id"])).values(status="failed")
         )
-    status, retried = await call(http, server, "POST", f"/api/v1/tasks/{task['id']}/retry")
-    assert status == 201 and retried["run"]["id"] != done["run"]["id"]
+    retried = await call(http, server, "POST", f"/api/v1/tasks/{task['id']}/retry")
+    assert retried.status == 201 and retried.body["run"]["id"] != done["run"]["id"]
     await wait_status(http, server, task["id"], "done")
-    status, runs = await call(http, server, "GET", f"/api/v1/tasks/{task['id']}/runs")
-    assert status == 200 and [r["status"] for r in runs["items"]] == ["done", "done"]
-    assert runs["items"][0]["id"] == done["run"]["id"]
-    status, run = await call(http, server, "GET", f"/api/v1/runs/{runs['items'][1]['id']}")
-    assert status == 200 and run["task_id"] == task["id"] and run["output_tokens"] > 0
-    assert (await call(http, server, "GET", f"/api/v1/runs/{uuid.uuid4()}"))[0] == 404
+    reply = await call(http, server, "GET", f"/api/v1/tasks/{task['id']}/runs")
+    runs = reply.body["items"]
+    assert reply.status == 200 and [r["status"] for r in runs] == ["done", "done"]
+    assert runs[0]["id"] == done["run"]["id"]
+    run = await call(http, server, "GET", f"/api/v1/runs/{runs[1]['id']}")
+    assert run.status == 200
+    assert run.body["task_id"] == task["id"] and run.body["output_tokens"] > 0
+    assert (await call(http, server, "GET", f"/api/v1/runs/{uuid.uuid4()}")).status == 404
 
 
 async def test_comments_are_added_listed_and_paginated(
@@ -211,19 +203,19 @@ async def test_comments_are_added_listed_and_paginated(
     task = await new_task(http, server)
     path = f"/api/v1/tasks/{task['id']}/comments"
     for n in range(5):
-        status, comment = await call(http, server, "POST", path, {"body": f"note {n}"})
-        assert status == 201 and comment["body"] == f"note {n}"
-        assert comment["author_type"] == "api_key"
-    status, page = await call(http, server, "GET", path + "?limit=3")
+        comment = await call(http, server, "POST", path, body={"body": f"note {n}"})
+        assert comment.status == 201 and comment.body["body"] == f"note {n}"
+        assert comment.body["author_type"] == "api_key"
+    page = (await call(http, server, "GET", path + "?limit=3")).body
     assert [c["body"] for c in page["items"]] == ["note 0", "note 1", "note 2"]
-    status, rest = await call(http, server, "GET", path + f"?limit=3&cursor={page['next_cursor']}")
-    assert [c["body"] for c in rest["items"]] == ["note 3", "note 4"] and rest[
-        "next_cursor"
-    ] is None
-    assert (await call(http, server, "POST", path, {"body": ""}))[0] == 422
-    assert (await call(http, server, "POST", path, {"body": "x", "author_id": "y"}))[0] == 422
+    rest = (await call(http, server, "GET", path + f"?limit=3&cursor={page['next_cursor']}")).body
+    assert [c["body"] for c in rest["items"]] == ["note 3", "note 4"]
+    assert rest["next_cursor"] is None
+    assert (await call(http, server, "POST", path, body={"body": ""})).status == 422
+    bad = {"body": "x", "author_id": "y"}
+    assert (await call(http, server, "POST", path, body=bad)).status == 422
     missing = f"/api/v1/tasks/{uuid.uuid4()}/comments"
-    assert (await call(http, server, "POST", missing, {"body": "x"}))[0] == 404
+    assert (await call(http, server, "POST", missing, body={"body": "x"})).status == 404
     async with server.services.store.read() as conn:
         count = (await conn.execute(sa.select(sa.func.count()).select_from(task_comments))).scalar()
     assert count == 5
@@ -234,32 +226,28 @@ async def test_audit_log_lists_changes_newest_first_with_filters(
 ) -> None:
     first = await new_task(http, server)
     await new_task(http, server)
-    await call(http, server, "PATCH", f"/api/v1/tasks/{first['id']}", {"priority": 1})
-    status, page = await call(http, server, "GET", "/api/v1/audit-events?limit=2")
-    assert status == 200 and [e["action"] for e in page["items"]] == ["task.update", "task.create"]
+    await call(http, server, "PATCH", f"/api/v1/tasks/{first['id']}", body={"priority": 1})
+    reply = await call(http, server, "GET", "/api/v1/audit-events?limit=2")
+    page = reply.body
+    assert reply.status == 200
+    assert [e["action"] for e in page["items"]] == ["task.update", "task.create"]
     assert page["next_cursor"]
-    status, only = await call(http, server, "GET", f"/api/v1/audit-events?target_id={first['id']}")
+    only = (await call(http, server, "GET", f"/api/v1/audit-events?target_id={first['id']}")).body
     assert [e["action"] for e in only["items"]] == ["task.update", "task.create"]
     assert {(e["actor_type"], e["actor_id"]) for e in only["items"]} == {
         ("api_key", only["items"][0]["actor_id"])
     }
-    status, creates = await call(http, server, "GET", "/api/v1/audit-events?action=task.create")
+    creates = (await call(http, server, "GET", "/api/v1/audit-events?action=task.create")).body
     assert len(creates["items"]) == 2
 
 
 async def test_members_cannot_read_the_audit_log_and_the_denial_is_audited(
     server: RunningServer, http: aiohttp.ClientSession
 ) -> None:
-    store, secret, now = server.services.store, server.services.secret, server.services.clock()
-    async with store.write() as conn:
-        key_id, key = await member_with_key(
-            conn, server.boot.workspace_id, role=Role.MEMBER, secret=secret, email="m@x", now=now
-        )
-    headers = {"Authorization": f"Bearer {key}"}
-    async with http.get(f"{server.base_url}/api/v1/audit-events", headers=headers) as resp:
-        problem = await problem_of(resp, 403)
-    assert "audit:read" in problem["detail"]
-    _, page = await call(http, server, "GET", "/api/v1/audit-events?action=access.denied")
+    _, key_id, key = await new_member(server, Role.MEMBER, "m@x")
+    refused = problem(await call(http, server, "GET", "/api/v1/audit-events", bearer(key)), 403)
+    assert "audit:read" in refused["detail"]
+    page = (await call(http, server, "GET", "/api/v1/audit-events?action=access.denied")).body
     assert [(e["actor_id"], e["data"]["path"]) for e in page["items"]] == [
         (str(key_id), "/api/v1/audit-events")
     ]
@@ -273,17 +261,12 @@ async def test_each_key_is_rate_limited(server: RunningServer, http: aiohttp.Cli
         async with http.get(f"{server.base_url}/api/v1/tasks", headers=server.auth) as resp:
             statuses.append(resp.status)
             if resp.status == 429:
-                problem = await problem_of(resp, 429)
-                assert problem["type"].endswith("/rate-limited")
+                limited = await problem_of(resp, 429)
+                assert limited["type"].endswith("/rate-limited")
                 assert int(resp.headers["Retry-After"]) >= 1
     assert statuses == [200, 200, 200, 429, 429]
-    store, secret, now = server.services.store, server.services.secret, server.services.clock()
-    async with store.write() as conn:
-        _, other = await member_with_key(
-            conn, server.boot.workspace_id, role=Role.VIEWER, secret=secret, email="v@x", now=now
-        )
-    headers = {"Authorization": f"Bearer {other}"}
-    async with http.get(f"{server.base_url}/api/v1/tasks", headers=headers) as resp:
+    other = (await new_member(server, Role.VIEWER, "v@x")).key
+    async with http.get(f"{server.base_url}/api/v1/tasks", headers=bearer(other)) as resp:
         assert resp.status == 200  # another key has its own budget
 
 
@@ -291,13 +274,9 @@ async def test_each_key_is_rate_limited(server: RunningServer, http: aiohttp.Cli
 async def test_each_workspace_is_rate_limited_across_its_keys(
     server: RunningServer, http: aiohttp.ClientSession
 ) -> None:
-    store, secret, now = server.services.store, server.services.secret, server.services.clock()
-    async with store.write() as conn:
-        _, other = await member_with_key(
-            conn, server.boot.workspace_id, role=Role.VIEWER, secret=secret, email="v@x", now=now
-        )
+    other = (await new_member(server, Role.VIEWER, "v@x")).key
     statuses = []
-    for auth in [server.auth, {"Authorization": f"Bearer {other}"}] * 3:
+    for auth in [server.auth, bearer(other)] * 3:
         async with http.get(f"{server.base_url}/api/v1/tasks", headers=auth) as resp:
             statuses.append(resp.status)
     assert statuses == [200, 200, 200, 200, 429, 429]

@@ -13,14 +13,14 @@ from bullpen.agents.llm import DEFAULT_SYSTEM_PROMPT
 from bullpen.bench.simprovider import completion_tokens
 from bullpen.domain.principal import Role
 from bullpen.store import agents as agent_store
-from bullpen.store import identity
 from bullpen.store.tables import audit_events, run_events, tasks
 from tests.conftest import RunningServer
-from tests.integration.seed import member_with_key
+from tests.integration.client import bearer, problem_of
+from tests.integration.db import count
+from tests.integration.seed import other_workspace
 from tests.integration.sse import read_events, text_of
 
 PROMPT = "Analyze this dataset and extract key metrics"
-PROBLEM = "application/problem+json"
 
 
 def expected_text(server: RunningServer, prompt: str) -> str:
@@ -44,22 +44,6 @@ async def create(
     ) as resp:
         await resp.read()
         return resp
-
-
-async def problem_of(resp: aiohttp.ClientResponse, status: int) -> dict[str, Any]:
-    assert resp.status == status, await resp.text()
-    assert resp.headers["Content-Type"] == PROBLEM
-    body: dict[str, Any] = await resp.json(content_type=None)
-    assert body["status"] == status
-    assert body["type"].startswith("https://bullpen.dev/problems/")
-    assert body["title"] and body["detail"]
-    assert "Traceback" not in await resp.text()
-    return body
-
-
-async def count(server: RunningServer, table: sa.Table) -> int:
-    async with server.services.store.read() as conn:
-        return int((await conn.execute(sa.select(sa.func.count()).select_from(table))).scalar_one())
 
 
 async def test_create_stream_and_read_back(
@@ -179,12 +163,7 @@ async def _other_workspace(server: RunningServer) -> tuple[Any, Any, str]:
     svc = server.services
     now = svc.clock()
     async with svc.store.write() as conn:
-        ws = await identity.create_workspace(
-            conn, name="Other", slug="other", task_key="OT", now=now
-        )
-        _, key = await member_with_key(
-            conn, ws, role=Role.MEMBER, secret=svc.secret, email="o@x.io", now=now
-        )
+        ws, _, key = await other_workspace(conn, secret=svc.secret, now=now, role=Role.MEMBER)
         agent = await agent_store.create_agent(
             conn, workspace_id=ws, name="theirs", title="", adapter="llm", config={}, now=now
         )
@@ -201,7 +180,7 @@ async def test_other_workspaces_objects_are_404(
     assert "agent" in problem["detail"]
     resp = await create(http, server, {"prompt": PROMPT, "agent_id": str(server.boot.agent_id)})
     mine = (await resp.json())["id"]
-    theirs = {"Authorization": f"Bearer {their_key}"}
+    theirs = bearer(their_key)
     for path in (f"/api/v1/tasks/{mine}", f"/api/v1/tasks/{mine}/events"):
         async with http.get(server.base_url + path, headers=theirs) as got:
             body = await problem_of(got, 404)

@@ -8,25 +8,21 @@ from __future__ import annotations
 import asyncio
 import functools
 import uuid
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any
 
 import aiohttp
 import pytest
 import sqlalchemy as sa
 
 from bullpen.api.deps import CSRF_HEADER, SESSION_COOKIE
-from bullpen.domain import tokens
 from bullpen.domain.principal import Role
 from bullpen.errors import Unauthenticated
 from bullpen.services.auth import hash_password
-from bullpen.store import identity
-from bullpen.store.tables import api_keys, audit_events, idempotency_keys, users
+from bullpen.store.tables import audit_events, idempotency_keys, users
 from tests.conftest import RunningServer
-from tests.integration.seed import member_with_key
+from tests.integration.client import bearer, call, problem
+from tests.integration.db import audits, count
+from tests.integration.seed import agent_key, new_member, open_session
 
-PROBLEM = "application/problem+json"
 UNKNOWN = "00000000-0000-4000-8000-000000000000"
 PASSWORD = "first password 123"
 NEW_PASSWORD = "second password 456"
@@ -38,102 +34,11 @@ def password_hash() -> str:
     return hash_password(PASSWORD)
 
 
-@dataclass
-class Reply:
-    status: int
-    body: Any
-    headers: Any
-    text: str
-
-
-async def call(
-    http: aiohttp.ClientSession,
-    server: RunningServer,
-    method: str,
-    path: str,
-    headers: dict[str, str],
-    body: Any = None,
-) -> Reply:
-    kwargs: dict[str, Any] = {"headers": headers}
-    if body is not None:
-        kwargs["json"] = body
-    async with http.request(method, server.base_url + path, **kwargs) as resp:
-        raw = await resp.read()
-        parsed = await resp.json(content_type=None) if raw else None
-        return Reply(resp.status, parsed, resp.headers, raw.decode())
-
-
-def problem(reply: Reply, status: int) -> dict[str, Any]:
-    assert reply.status == status, reply.body
-    assert reply.headers["Content-Type"] == PROBLEM
-    assert reply.body["status"] == status and reply.body["detail"]
-    body: dict[str, Any] = reply.body
-    return body
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-async def count(server: RunningServer, table: sa.Table, *where: Any) -> int:
-    query = sa.select(sa.func.count()).select_from(table)
-    if where:
-        query = query.where(*where)
-    async with server.services.store.read() as conn:
-        return int((await conn.execute(query)).scalar_one())
-
-
-async def audits(server: RunningServer, action: str) -> list[Any]:
-    async with server.services.store.read() as conn:
-        query = (
-            sa.select(audit_events)
-            .where(audit_events.c.action == action)
-            .order_by(audit_events.c.created_at)
-        )
-        return list(await conn.execute(query))
-
-
-async def user_with_key(
-    server: RunningServer, email: str, role: Role = Role.MEMBER
-) -> tuple[uuid.UUID, str]:
-    """A member of the default workspace with an API key: (user id, key)."""
-    svc = server.services
-    async with svc.store.write() as conn:
-        key_id, key = await member_with_key(
-            conn,
-            server.boot.workspace_id,
-            role=role,
-            secret=svc.secret,
-            email=email,
-            now=svc.clock(),
-        )
-        user_id = (
-            await conn.execute(sa.select(api_keys.c.user_id).where(api_keys.c.id == key_id))
-        ).scalar_one()
-    return user_id, key
-
-
-async def open_session(server: RunningServer, user_id: uuid.UUID) -> str:
-    """A session of the user, written directly (sign-in would cost a password hash check)."""
-    svc = server.services
-    session = tokens.new_session_id()
-    async with svc.store.write() as conn:
-        await identity.create_session(
-            conn,
-            digest=tokens.digest(svc.secret, session),
-            user_id=user_id,
-            workspace_id=server.boot.workspace_id,
-            now=svc.clock(),
-            expires_at=svc.clock() + timedelta(hours=1),
-        )
-    return session
-
-
 async def test_me_and_instance_admins_manage_users(
     server: RunningServer, http: aiohttp.ClientSession
 ) -> None:
     svc = server.services
-    member_id, member_key = await user_with_key(server, "member@x.io")
+    member_id, _, member_key = await new_member(server, Role.MEMBER, "member@x.io")
     member = bearer(member_key)
 
     me = await call(http, server, "GET", "/api/v1/users/me", server.auth)
@@ -149,20 +54,8 @@ async def test_me_and_instance_admins_manage_users(
     }
     theirs = await call(http, server, "GET", "/api/v1/users/me", member)
     assert theirs.body["role"] == "member" and theirs.body["is_instance_admin"] is False
-    agent_key = tokens.new_api_key()
-    async with svc.store.write() as conn:
-        await identity.create_api_key(
-            conn,
-            user_id=None,
-            workspace_id=server.boot.workspace_id,
-            agent_id=server.boot.agent_id,
-            name="agent",
-            prefix=tokens.visible_prefix(agent_key),
-            digest=tokens.digest(svc.secret, agent_key),
-            scopes=["*"],
-            now=svc.clock(),
-        )
-    no_user = await call(http, server, "GET", "/api/v1/users/me", bearer(agent_key))
+    bot_key = await agent_key(server)
+    no_user = await call(http, server, "GET", "/api/v1/users/me", bearer(bot_key))
     assert "agent" in problem(no_user, 404)["detail"]
     problem(await call(http, server, "GET", "/api/v1/users/me", {}), 401)
 
@@ -295,7 +188,7 @@ async def test_password_change_ends_every_session(
     server: RunningServer, http: aiohttp.ClientSession
 ) -> None:
     svc = server.services
-    user_id, key = await user_with_key(server, "pat@x.io")
+    user_id, _, key = await new_member(server, Role.MEMBER, "pat@x.io")
     async with svc.store.write() as conn:
         await conn.execute(
             users.update()
@@ -344,18 +237,6 @@ async def test_password_change_ends_every_session(
     everything = str([tuple(row) for row in await audits(server, "user.password_change")])
     assert PASSWORD not in everything and NEW_PASSWORD not in everything
 
-    agent_key = tokens.new_api_key()
-    async with svc.store.write() as conn:
-        await identity.create_api_key(
-            conn,
-            user_id=None,
-            workspace_id=server.boot.workspace_id,
-            agent_id=server.boot.agent_id,
-            name="agent",
-            prefix=tokens.visible_prefix(agent_key),
-            digest=tokens.digest(svc.secret, agent_key),
-            scopes=["*"],
-            now=svc.clock(),
-        )
-    problem(await call(http, server, "PUT", url, bearer(agent_key), change), 404)
+    bot_key = await agent_key(server)
+    problem(await call(http, server, "PUT", url, bearer(bot_key), change), 404)
     problem(await call(http, server, "PUT", url, {}, change), 401)

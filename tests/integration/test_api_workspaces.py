@@ -6,9 +6,7 @@ Each test walks a whole flow: a server per test costs seconds, a request millise
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 import aiohttp
 import pytest
@@ -37,89 +35,24 @@ from bullpen.store.tables import (
     workspaces,
 )
 from tests.conftest import RunningServer
-from tests.integration.seed import member_with_key
+from tests.integration.client import bearer, call, problem
+from tests.integration.db import audits, count, rows
+from tests.integration.seed import (
+    Member,
+    agent_key,
+    insert_task,
+    member_with_key,
+    new_member,
+    open_session,
+    other_workspace,
+)
 
-PROBLEM = "application/problem+json"
 UNKNOWN = "00000000-0000-4000-8000-000000000000"
 
 
-@dataclass
-class Reply:
-    status: int
-    body: Any
-    headers: Any
-
-
-async def call(
-    http: aiohttp.ClientSession,
-    server: RunningServer,
-    method: str,
-    path: str,
-    headers: dict[str, str],
-    body: Any = None,
-) -> Reply:
-    kwargs: dict[str, Any] = {"headers": headers}
-    if body is not None:
-        kwargs["json"] = body
-    async with http.request(method, server.base_url + path, **kwargs) as resp:
-        raw = await resp.read()
-        parsed = await resp.json(content_type=None) if raw else None
-        return Reply(resp.status, parsed, resp.headers)
-
-
-def problem(reply: Reply, status: int) -> dict[str, Any]:
-    assert reply.status == status, reply.body
-    assert reply.headers["Content-Type"] == PROBLEM
-    assert reply.body["status"] == status and reply.body["detail"]
-    body: dict[str, Any] = reply.body
-    return body
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-async def rows(server: RunningServer, query: Any) -> list[Any]:
-    async with server.services.store.read() as conn:
-        return list(await conn.execute(query))
-
-
-async def count(server: RunningServer, table: sa.Table, *where: Any) -> int:
-    query = sa.select(sa.func.count()).select_from(table)
-    if where:
-        query = query.where(*where)
-    async with server.services.store.read() as conn:
-        return int((await conn.execute(query)).scalar_one())
-
-
-async def audits(server: RunningServer, action: str) -> list[Any]:
-    return await rows(
-        server,
-        sa.select(audit_events)
-        .where(audit_events.c.action == action)
-        .order_by(audit_events.c.created_at),
-    )
-
-
-async def people(server: RunningServer, *roles: Role) -> dict[Role, tuple[uuid.UUID, str]]:
-    """A user with a key per role in the default workspace: {role: (user id, key)}."""
-    svc = server.services
-    out = {}
-    async with svc.store.write() as conn:
-        for role in roles:
-            key_id, key = await member_with_key(
-                conn,
-                server.boot.workspace_id,
-                role=role,
-                secret=svc.secret,
-                email=f"{role.value}@x.io",
-                now=svc.clock(),
-            )
-            user_id = (
-                await conn.execute(sa.select(api_keys.c.user_id).where(api_keys.c.id == key_id))
-            ).scalar_one()
-            out[role] = (user_id, key)
-    return out
+async def people(server: RunningServer, *roles: Role) -> dict[Role, Member]:
+    """A user with a key per role in the default workspace, by role."""
+    return {role: await new_member(server, role, f"{role.value}@x.io") for role in roles}
 
 
 async def test_workspaces_list_create_read_rename(
@@ -128,7 +61,7 @@ async def test_workspaces_list_create_read_rename(
     svc = server.services
     default = str(server.boot.workspace_id)
     staff = await people(server, Role.ADMIN, Role.MEMBER)
-    admin, member = bearer(staff[Role.ADMIN][1]), bearer(staff[Role.MEMBER][1])
+    admin, member = bearer(staff[Role.ADMIN].key), bearer(staff[Role.MEMBER].key)
 
     listing = await call(http, server, "GET", "/api/v1/workspaces", server.auth)
     assert listing.status == 200
@@ -213,7 +146,7 @@ async def test_workspaces_list_create_read_rename(
     assert unchanged.status == 200 and unchanged.body["name"] == "Main"
     (update,) = await audits(server, "workspace.update")
     assert update.data == {"before": {"name": "Default"}, "after": {"name": "Main"}}
-    assert update.actor_id == (await _key_id(server, staff[Role.ADMIN][1]))
+    assert update.actor_id == staff[Role.ADMIN].key_id
     for bad in ({"name": None}, {"slug": "other"}, {"name": ""}, {"name": "a\nb"}):
         problem(await call(http, server, "PATCH", path, admin, bad), 422)
     problem(await call(http, server, "PATCH", path, member, {"name": "Mine"}), 403)
@@ -226,20 +159,8 @@ async def test_workspaces_list_create_read_rename(
     assert len(await audits(server, "workspace.update")) == 1
 
     # An agent's key sees only its own workspace.
-    key = tokens.new_api_key()
-    async with svc.store.write() as conn:
-        await identity.create_api_key(
-            conn,
-            user_id=None,
-            workspace_id=server.boot.workspace_id,
-            agent_id=server.boot.agent_id,
-            name="agent",
-            prefix=tokens.visible_prefix(key),
-            digest=tokens.digest(svc.secret, key),
-            scopes=["*"],
-            now=svc.clock(),
-        )
-    seen = (await call(http, server, "GET", "/api/v1/workspaces", bearer(key))).body["items"]
+    bot_key = await agent_key(server)
+    seen = (await call(http, server, "GET", "/api/v1/workspaces", bearer(bot_key))).body["items"]
     assert [(w["id"], w["current"]) for w in seen] == [(default, True)]
     problem(await call(http, server, "GET", "/api/v1/workspaces", {}), 401)
 
@@ -249,7 +170,7 @@ async def test_members_roles_and_owner_rules(
 ) -> None:
     svc = server.services
     staff = await people(server, Role.ADMIN, Role.VIEWER, Role.MEMBER)
-    admin, viewer = bearer(staff[Role.ADMIN][1]), bearer(staff[Role.VIEWER][1])
+    admin, viewer = bearer(staff[Role.ADMIN].key), bearer(staff[Role.VIEWER].key)
     boss = str(await _boot_user(server))
     async with svc.store.write() as conn:
         newcomer = await identity.create_user(
@@ -265,7 +186,7 @@ async def test_members_roles_and_owner_rules(
     assert listing.status == 200 and listing.body["next_cursor"] is None
     assert [(m["user_id"], m["role"]) for m in listing.body["items"]] == [
         (boss, "owner"),
-        *((str(staff[r][0]), r.value) for r in (Role.ADMIN, Role.VIEWER, Role.MEMBER)),
+        *((str(staff[r].user_id), r.value) for r in (Role.ADMIN, Role.VIEWER, Role.MEMBER)),
     ]
     first = listing.body["items"][0]
     assert first["email"] == "admin@bullpen.local" and first["name"] and first["created_at"]
@@ -344,17 +265,8 @@ async def test_members_roles_and_owner_rules(
     problem(await call(http, server, "DELETE", path, admin), 403)  # admins never remove owners
 
     # Removing a member ends its sessions and revokes its keys in this workspace.
-    member_id, member_key = staff[Role.MEMBER]
-    session = tokens.new_session_id()
-    async with svc.store.write() as conn:
-        await identity.create_session(
-            conn,
-            digest=tokens.digest(svc.secret, session),
-            user_id=member_id,
-            workspace_id=server.boot.workspace_id,
-            now=svc.clock(),
-            expires_at=svc.clock() + timedelta(hours=1),
-        )
+    member_id, _, member_key = staff[Role.MEMBER]
+    session = await open_session(server, member_id)
     assert (await call(http, server, "GET", "/api/v1/members", bearer(member_key))).status == 200
     removed = await call(http, server, "DELETE", f"/api/v1/members/{member_id}", admin)
     assert removed.status == 204 and removed.body is None
@@ -377,12 +289,7 @@ async def test_members_roles_and_owner_rules(
 
     # Another workspace's owner sees none of this workspace's members.
     async with svc.store.write() as conn:
-        other = await identity.create_workspace(
-            conn, name="Other", slug="other", task_key="OT", now=svc.clock()
-        )
-        _, their_key = await member_with_key(
-            conn, other, role=Role.OWNER, secret=svc.secret, email="o@x.io", now=svc.clock()
-        )
+        _, _, their_key = await other_workspace(conn, secret=svc.secret, now=svc.clock())
     theirs = bearer(their_key)
     listed = await call(http, server, "GET", "/api/v1/members", theirs)
     assert [m["email"] for m in listed.body["items"]] == ["o@x.io"]
@@ -409,26 +316,8 @@ async def test_delete_workspace_takes_everything_in_it(
         agent = await agent_store.create_agent(
             conn, workspace_id=ws, name="a", title="", adapter="llm", config={}, now=now
         )
-        done, _ = await task_store.insert_task_with_run(
-            conn,
-            workspace_id=ws,
-            agent_id=agent,
-            title="t",
-            prompt="p" * 10,
-            creator_user_id=None,
-            creator_key_id=None,
-            now=now,
-        )
-        busy, busy_run = await task_store.insert_task_with_run(
-            conn,
-            workspace_id=ws,
-            agent_id=agent,
-            title="t",
-            prompt="p" * 10,
-            creator_user_id=None,
-            creator_key_id=None,
-            now=now,
-        )
+        done, _ = await insert_task(conn, ws, agent, now)
+        busy, busy_run = await insert_task(conn, ws, agent, now)
         # Held by a (pretend) worker elsewhere: running, with a live lease.
         await conn.execute(
             runs.update()
@@ -503,8 +392,3 @@ async def test_delete_workspace_takes_everything_in_it(
 async def _boot_user(server: RunningServer) -> uuid.UUID:
     query = sa.select(users.c.id).where(users.c.email == server.boot.email)
     return (await rows(server, query))[0].id
-
-
-async def _key_id(server: RunningServer, key: str) -> uuid.UUID:
-    digest = tokens.digest(server.services.secret, key)
-    return (await rows(server, sa.select(api_keys.c.id).where(api_keys.c.digest == digest)))[0].id

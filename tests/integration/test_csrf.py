@@ -12,12 +12,12 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-import sqlalchemy as sa
 
 from bullpen.api.deps import CSRF_HEADER, SESSION_COOKIE
 from bullpen.store import identity
 from bullpen.store.tables import tasks
 from tests.conftest import RunningServer
+from tests.integration.db import count
 from tests.integration.test_sessions import (
     SAME_ORIGIN,
     is_live,
@@ -58,18 +58,32 @@ def token(server: RunningServer, sessions: dict[str, str], which: str | None) ->
     return None if which is None else server.services.auth.csrf_token(sessions[which])
 
 
-async def task_count(server: RunningServer) -> int:
-    async with server.services.store.read() as conn:
-        query = sa.select(sa.func.count()).select_from(tasks)
-        return int((await conn.execute(query)).scalar_one())
-
-
 async def stored_hash(server: RunningServer) -> str:
     """The bootstrap admin's password hash as stored."""
     async with server.services.store.read() as conn:
         user = await identity.find_user_for_login(conn, server.boot.email)
     assert user is not None
     return str(user.password_hash)
+
+
+async def post_form(
+    client: aiohttp.ClientSession,
+    server: RunningServer,
+    path: str,
+    form: dict[str, str],
+    session: str,
+    csrf: str | None,
+    headers: dict[str, str],
+) -> aiohttp.ClientResponse:
+    """Post a form with the session's cookie, adding `csrf` as its token unless it is None."""
+    async with client.post(
+        server.base_url + path,
+        data=form if csrf is None else {**form, "csrf": csrf},
+        headers=with_session(session, **headers),
+        allow_redirects=False,
+    ) as resp:
+        await resp.read()
+        return resp
 
 
 async def assert_forbidden(resp: aiohttp.ClientResponse, case: str) -> None:
@@ -87,24 +101,16 @@ async def test_task_form_needs_own_token_and_same_origin(
     form = {"prompt": PROMPT, "agent_id": str(server.boot.agent_id)}
 
     async def submit(csrf: str | None, headers: dict[str, str]) -> aiohttp.ClientResponse:
-        data = form if csrf is None else {**form, "csrf": csrf}
-        async with client.post(
-            f"{server.base_url}/ui/tasks",
-            data=data,
-            headers=with_session(sessions["own"], **headers),
-            allow_redirects=False,
-        ) as resp:
-            await resp.read()
-            return resp
+        return await post_form(client, server, "/ui/tasks", form, sessions["own"], csrf, headers)
 
     for which, headers, case in CASES:
         await assert_forbidden(await submit(token(server, sessions, which), headers), case)
-    assert await task_count(server) == 0
+    assert await count(server, tasks) == 0
 
     resp = await submit(token(server, sessions, "own"), SAME_ORIGIN)
     assert resp.status == 303
     assert re.fullmatch(r"/tasks/[0-9a-f-]{36}", resp.headers["Location"])
-    assert await task_count(server) == 1
+    assert await count(server, tasks) == 1
 
 
 async def test_sign_out_form_needs_own_token_and_same_origin(
@@ -113,14 +119,7 @@ async def test_sign_out_form_needs_own_token_and_same_origin(
     sessions = await two_sessions(client, server)
 
     async def submit(csrf: str | None, headers: dict[str, str]) -> aiohttp.ClientResponse:
-        async with client.post(
-            f"{server.base_url}/logout",
-            data={} if csrf is None else {"csrf": csrf},
-            headers=with_session(sessions["own"], **headers),
-            allow_redirects=False,
-        ) as resp:
-            await resp.read()
-            return resp
+        return await post_form(client, server, "/logout", {}, sessions["own"], csrf, headers)
 
     for which, headers, case in CASES:
         resp = await submit(token(server, sessions, which), headers)
@@ -151,11 +150,11 @@ async def test_cookie_authenticated_api_write_needs_own_token_and_same_origin(
 
     for which, headers, case in CASES:
         await assert_forbidden(await create(token(server, sessions, which), headers), case)
-    assert await task_count(server) == 0
+    assert await count(server, tasks) == 0
 
     resp = await create(token(server, sessions, "own"), SAME_ORIGIN)
     assert resp.status == 201, await resp.text()
-    assert await task_count(server) == 1
+    assert await count(server, tasks) == 1
 
 
 # The same check as the task form's; the change itself runs on both stores in test_sessions.
@@ -173,14 +172,8 @@ async def test_password_form_needs_own_token_and_same_origin(
     before = await stored_hash(server)
 
     async def submit(csrf: str | None, headers: dict[str, str]) -> aiohttp.ClientResponse:
-        async with client.post(
-            f"{server.base_url}/ui/account/password",
-            data=form if csrf is None else {**form, "csrf": csrf},
-            headers=with_session(sessions["own"], **headers),
-            allow_redirects=False,
-        ) as resp:
-            await resp.read()
-            return resp
+        path = "/ui/account/password"
+        return await post_form(client, server, path, form, sessions["own"], csrf, headers)
 
     for which, headers, case in CASES:
         await assert_forbidden(await submit(token(server, sessions, which), headers), case)

@@ -17,8 +17,9 @@ from multidict import CIMultiDict
 from bullpen.domain.principal import Role
 from bullpen.store.tables import idempotency_keys, tasks
 from tests.conftest import RunningServer
-from tests.integration.seed import member_with_key
-from tests.integration.test_api_tasks import PROBLEM, count, problem_of
+from tests.integration.client import PROBLEM, bearer, problem_of
+from tests.integration.db import count
+from tests.integration.seed import new_member
 
 PROMPT = "Analyze this dataset and extract key metrics"
 
@@ -112,14 +113,10 @@ async def test_keys_are_scoped_to_the_caller(
     server: RunningServer, http: aiohttp.ClientSession
 ) -> None:
     """ID-4: the same key value from another key, or another workspace, is independent."""
-    store, secret, now = server.services.store, server.services.secret, server.services.clock()
-    async with store.write() as conn:
-        _, second = await member_with_key(
-            conn, server.boot.workspace_id, role=Role.MEMBER, secret=secret, email="b@x", now=now
-        )
+    second = (await new_member(server, Role.MEMBER, "b@x")).key
     key = "shared-value"
     first = await post(http, server, body(server), key)
-    other = await post(http, server, body(server), key, {"Authorization": f"Bearer {second}"})
+    other = await post(http, server, body(server), key, bearer(second))
     assert first[0] == other[0] == 201 and first[2] != other[2]
     assert "Idempotent-Replayed" not in other[1]
     assert await count(server, tasks) == 2

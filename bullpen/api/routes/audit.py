@@ -34,18 +34,17 @@ async def list_audit_events(
     actor_id: Annotated[UUID | None, Query(description="Only events by this user or key")] = None,
 ) -> AuditPage:
     """Newest first, keyset-paginated; secrets never appear in `data`."""
-    after = cursor.decode(cursor_) if cursor_ else None
     async with svc.store.read() as conn:
-        rows, next_after = await audit.list_events(
+        page = await audit.list_events(
             conn,
             principal.workspace_id,
             limit=limit,
-            after=after,
+            after=cursor.after(cursor_),
             action=action,
             target_id=target_id,
             actor_id=actor_id,
         )
     return AuditPage(
-        items=[AuditEventPublic.from_row(row) for row in rows],
-        next_cursor=cursor.encode(*next_after) if next_after else None,
+        items=[AuditEventPublic.from_row(row) for row in page.rows],
+        next_cursor=cursor.next_of(page),
     )

@@ -106,11 +106,9 @@ async def list_members(
     principal: Reader, members: Members, limit: PageSize = 50, cursor_: Cursor = None
 ) -> MemberPage:
     """Members with their roles, in the order they joined, keyset-paginated."""
-    after = cursor.decode(cursor_) if cursor_ else None
-    rows, next_after = await members.members(principal, limit=limit, after=after)
+    page = await members.members(principal, limit=limit, after=cursor.after(cursor_))
     return MemberPage(
-        items=[MemberPublic.from_row(row) for row in rows],
-        next_cursor=cursor.encode(*next_after) if next_after else None,
+        items=[MemberPublic.from_row(row) for row in page.rows], next_cursor=cursor.next_of(page)
     )
 
 

@@ -98,18 +98,17 @@ async def list_tasks(
     ] = None,
 ) -> TaskPage:
     """The workspace's tasks, newest first, keyset-paginated."""
-    after = cursor.decode(cursor_) if cursor_ else None
     page, runs = await svc.tasks.list(
         principal,
         limit=limit,
-        after=after,
+        after=cursor.after(cursor_),
         status=status.value if status else None,
         agent_id=agent_id,
         label=label,
     )
     return TaskPage(
         items=[TaskPublic.from_rows(row, runs.get(row.id)) for row in page.rows],
-        next_cursor=cursor.encode(*page.next_after) if page.next_after else None,
+        next_cursor=cursor.next_of(page),
     )
 
 
@@ -230,11 +229,9 @@ async def list_comments(
     cursor_: Cursor = None,
 ) -> CommentPage:
     """Comments, oldest first, keyset-paginated."""
-    after = cursor.decode(cursor_) if cursor_ else None
-    page = await svc.tasks.comments(principal, task_id, limit=limit, after=after)
+    page = await svc.tasks.comments(principal, task_id, limit=limit, after=cursor.after(cursor_))
     return CommentPage(
-        items=[CommentPublic.from_row(row) for row in page.rows],
-        next_cursor=cursor.encode(*page.next_after) if page.next_after else None,
+        items=[CommentPublic.from_row(row) for row in page.rows], next_cursor=cursor.next_of(page)
     )
 
 

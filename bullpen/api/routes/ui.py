@@ -40,6 +40,20 @@ async def _session(request: Request, svc: Services) -> tuple[str, SessionPrincip
         return None
 
 
+async def _form_session(
+    request: Request, svc: Services, csrf: str
+) -> tuple[str, SessionPrincipal] | None:
+    """The session behind a form posted from this site's own page; None when signed out.
+
+    A post from another site, or without the session's own CSRF token, is Forbidden.
+    """
+    check_same_site(request)
+    found = await _session(request, svc)
+    if found is not None and not svc.auth.check_csrf(found[0], csrf):
+        raise Forbidden("missing or wrong CSRF token")
+    return found
+
+
 def _render(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
     return templates.TemplateResponse(request, name, context, status_code=status)
 
@@ -109,13 +123,9 @@ async def logout(
     request: Request, svc: ServicesDep, csrf: Annotated[str, Form(max_length=128)] = ""
 ) -> Response:
     """End the session."""
-    check_same_site(request)
-    found = await _session(request, svc)
+    found = await _form_session(request, svc, csrf)
     if found is not None:
-        session_id, _ = found
-        if not svc.auth.check_csrf(session_id, csrf):
-            raise Forbidden("missing or wrong CSRF token")
-        await svc.auth.sign_out(session_id)
+        await svc.auth.sign_out(found[0])
     return _end_session_cookie(RedirectResponse("/login", status_code=303))
 
 
@@ -163,13 +173,10 @@ async def create_task(
     csrf: Annotated[str, Form(max_length=128)] = "",
 ) -> Response:
     """Create a task from the dashboard form and open its live page."""
-    check_same_site(request)
-    found = await _session(request, svc)
+    found = await _form_session(request, svc, csrf)
     if found is None:
         return RedirectResponse("/login", status_code=303)
-    session_id, who = found
-    if not svc.auth.check_csrf(session_id, csrf):
-        raise Forbidden("missing or wrong CSRF token")
+    _, who = found
     try:
         body = TaskCreate.model_validate({"prompt": prompt, "agent_id": agent_id})
         task, _ = await svc.tasks.create(who.principal, prompt=body.prompt, agent_id=body.agent_id)
@@ -242,13 +249,10 @@ async def change_password(
     csrf: Annotated[str, Form(max_length=128)] = "",
 ) -> Response:
     """Check the current password, store the new one, end every session of the user."""
-    check_same_site(request)
-    found = await _session(request, svc)
+    found = await _form_session(request, svc, csrf)
     if found is None:
         return RedirectResponse("/login", status_code=303)
-    session_id, who = found
-    if not svc.auth.check_csrf(session_id, csrf):
-        raise Forbidden("missing or wrong CSRF token")
+    _, who = found
     if not PASSWORD_MIN <= len(new_password) <= PASSWORD_MAX:
         error = f"The new password needs {PASSWORD_MIN} to {PASSWORD_MAX} characters."
         return _account(request, svc, found, status=422, error=error)

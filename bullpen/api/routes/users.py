@@ -212,11 +212,9 @@ async def list_users(
     principal: Admin, users: Users, limit: PageSize = 50, cursor_: Cursor = None
 ) -> UserPage:
     """Every user of the instance, oldest first, keyset-paginated."""
-    after = cursor.decode(cursor_) if cursor_ else None
-    rows, next_after = await users.list(principal, limit=limit, after=after)
+    page = await users.list(principal, limit=limit, after=cursor.after(cursor_))
     return UserPage(
-        items=[UserPublic.from_row(row) for row in rows],
-        next_cursor=cursor.encode(*next_after) if next_after else None,
+        items=[UserPublic.from_row(row) for row in page.rows], next_cursor=cursor.next_of(page)
     )
 
 
