@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 PROMPT_MIN = 10
 PROMPT_MAX = 2000
@@ -23,7 +23,17 @@ Title = Annotated[
 Label = Annotated[
     str, StringConstraints(min_length=1, max_length=50, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")
 ]
-Priority = Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX, strict=True)]
+
+
+def integral(value: Any) -> Any:
+    """JSON Schema counts 5.0 as an integer; strings and booleans stay refused."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# Constraints before the validator, so OpenAPI shows them as `minimum`/`maximum`.
+Priority = Annotated[
+    int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX, strict=True), BeforeValidator(integral)
+]
 Labels = Annotated[list[Label], Field(max_length=LABELS_MAX)]
 
 

@@ -78,3 +78,15 @@ async def after(conn: Connection, *, run_id: UUID, after_seq: int, limit: int) -
         )
         for row in result
     ]
+
+
+async def end_seq(conn: Connection, run_id: UUID) -> int | None:
+    """The seq of the run's `end` event, or None while it has not ended."""
+    value = (
+        await conn.execute(
+            sa.select(run_events.c.seq).where(
+                run_events.c.run_id == run_id, run_events.c.kind == EventKind.END.value
+            )
+        )
+    ).scalar_one_or_none()
+    return None if value is None else int(value)

@@ -45,8 +45,8 @@ async def task_stream(
                     yield frame
                     last = seq
                     ended = ended or is_end
-                if ended:
-                    return
+                if ended or await _ended_by(store, run_id, last):
+                    return  # a resume from at or past the end has nothing more to wait for
             while True:
                 event = await live.get(keepalive_s)
                 if live.lagged:
@@ -80,3 +80,10 @@ async def _replay(
                 return
         if len(page) < REPLAY_PAGE:
             return
+
+
+async def _ended_by(store: Store, run_id: UUID, seq: int) -> bool:
+    """Whether the run's `end` event has a seq at or below `seq`."""
+    async with store.read() as conn:
+        end = await event_store.end_seq(conn, run_id)
+    return end is not None and end <= seq

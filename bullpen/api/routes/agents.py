@@ -13,7 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 from bullpen.api import docs
 from bullpen.api.deps import ServicesDep, require, require_json
 from bullpen.api.idempotency import Idempotent
-from bullpen.api.schemas import Strict, optional
+from bullpen.api.schemas import Strict, integral, optional
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
 from bullpen.services.agents import AgentService
@@ -36,14 +36,9 @@ AgentTitle = Annotated[
 ]
 
 
-def _integral(value: Any) -> Any:
-    # JSON Schema counts 5.0 as an integer; strings and booleans stay refused.
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
 # Constraints before the validator, so OpenAPI shows them as `minimum`/`maximum`.
-MaxRuns = Annotated[int, Field(ge=RUNS_MIN, le=RUNS_MAX, strict=True), BeforeValidator(_integral)]
-MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_MAX, strict=True), BeforeValidator(_integral)]
+MaxRuns = Annotated[int, Field(ge=RUNS_MIN, le=RUNS_MAX, strict=True), BeforeValidator(integral)]
+MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_MAX, strict=True), BeforeValidator(integral)]
 
 
 class Adapter(StrEnum):

@@ -7,6 +7,8 @@ from uuid import UUID
 
 from fastapi import APIRouter, Depends, Header, Query, Response
 from fastapi.responses import StreamingResponse
+from pydantic import StringConstraints
+from pydantic.json_schema import SkipJsonSchema
 
 from bullpen.api import cursor, docs
 from bullpen.api.deps import ServicesDep, require, require_json
@@ -25,7 +27,6 @@ from bullpen.api.schemas import (
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
 from bullpen.domain.status import TaskStatus
-from bullpen.errors import InvalidInput
 from bullpen.streams.sse import task_stream
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"])
@@ -39,13 +40,14 @@ Cursor = Annotated[
     Query(alias="cursor", max_length=200, description="`next_cursor` of the previous page"),
 ]
 
-LAST_EVENT_ID_MAX = 2**31 - 1
 _TASK_LINKS = {
     "GetTask": docs.link("getTask", task_id="$response.body#/id"),
     "UpdateTask": docs.link("updateTask", task_id="$response.body#/id"),
     "CancelTask": docs.link("cancelTask", task_id="$response.body#/id"),
     "ListRuns": docs.link("listTaskRuns", task_id="$response.body#/id"),
     "AddComment": docs.link("addTaskComment", task_id="$response.body#/id"),
+    "StreamEvents": docs.link("streamTaskEvents", task_id="$response.body#/id"),
+    "GetRun": docs.link("getRun", run_id="$response.body#/run/id"),
 }
 
 
@@ -160,7 +162,7 @@ async def cancel_task(task_id: TaskId, principal: Writer, svc: ServicesDep) -> T
     status_code=201,
     response_model=TaskPublic,
     responses={
-        **docs.created(TaskPublic, "The task with its new queued run"),
+        **docs.created(TaskPublic, "The task with its new queued run", _TASK_LINKS),
         **docs.problems(*docs.WRITE),
     },
     summary="Run a failed or cancelled task again",
@@ -196,7 +198,11 @@ async def list_runs(task_id: TaskId, principal: Reader, svc: ServicesDep) -> Run
     response_model=CommentPublic,
     dependencies=[Depends(require_json)],
     responses={
-        **docs.created(CommentPublic, "The comment"),
+        **docs.created(
+            CommentPublic,
+            "The comment",
+            {"ListComments": docs.link("listTaskComments", task_id="$response.body#/task_id")},
+        ),
         **docs.problems(*docs.WRITE),
     },
     summary="Comment on a task",
@@ -250,12 +256,12 @@ async def task_events(
     principal: Reader,
     svc: ServicesDep,
     last_event_id: Annotated[
-        str | None,
-        Header(max_length=20, description="Resume after this event id (`id:` of an event)"),
+        Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")] | SkipJsonSchema[None],
+        Header(description="Resume after this event id (`id:` of an event; at most 9 digits)"),
     ] = None,
 ) -> StreamingResponse:
     """Replay events after `Last-Event-ID`, then follow live until the task's run ends."""
-    after = _parse_last_event_id(last_event_id)
+    after = int(last_event_id) if last_event_id else 0
     await svc.tasks.get(principal, task_id)
     stream = task_stream(svc.store, svc.bus, task_id, after, svc.settings.sse_keepalive_s)
     return StreamingResponse(
@@ -263,21 +269,3 @@ async def task_events(
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
-
-
-def _parse_last_event_id(value: str | None) -> int:
-    if value is None or value == "":
-        return 0
-    if not value.isdigit() or int(value) > LAST_EVENT_ID_MAX:
-        raise InvalidInput(
-            "Last-Event-ID must be a non-negative integer (an event's `id`)",
-            errors=[
-                {
-                    "location": "header",
-                    "field": "Last-Event-ID",
-                    "message": "not a non-negative integer",
-                    "code": "last_event_id",
-                }
-            ],
-        )
-    return int(value)
