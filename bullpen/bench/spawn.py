@@ -107,25 +107,45 @@ def project_root() -> Path:
     return Path(bullpen.__file__).resolve().parent.parent
 
 
-async def _git(*args: str, cwd: Path) -> str:
+async def _captured(
+    argv: list[str],
+    *,
+    timeout_s: float,
+    too_long: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> tuple[int, bytes, bytes]:
+    """Run a child to its end with its output captured: (exit code, stdout, stderr).
+
+    A child still running after `timeout_s` is killed and reaped; `too_long` is the error.
+    """
     proc = await asyncio.create_subprocess_exec(
-        "git",
-        "-C",
-        str(cwd),
-        *args,
+        *argv,
+        env=dict(env) if env is not None else None,
+        cwd=cwd,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), GIT_TIMEOUT_S)
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except TimeoutError as exc:
         proc.kill()
         await proc.wait()
-        raise SpawnError(f"`git {' '.join(args)}` did not finish in {GIT_TIMEOUT_S:.0f} s") from exc
-    if proc.returncode != 0:
+        raise SpawnError(too_long) from exc
+    assert proc.returncode is not None  # communicate() waited for the exit
+    return proc.returncode, out, err
+
+
+async def _git(*args: str, cwd: Path) -> str:
+    returncode, out, err = await _captured(
+        ["git", "-C", str(cwd), *args],
+        timeout_s=GIT_TIMEOUT_S,
+        too_long=f"`git {' '.join(args)}` did not finish in {GIT_TIMEOUT_S:.0f} s",
+    )
+    if returncode != 0:
         detail = err.decode(errors="replace").strip()
-        raise SpawnError(f"`git {' '.join(args)}` exited {proc.returncode}: {detail}")
+        raise SpawnError(f"`git {' '.join(args)}` exited {returncode}: {detail}")
     return out.decode().strip()
 
 
@@ -209,26 +229,21 @@ async def extract_revision(ref: str, *, repo: Path | None = None) -> AsyncIterat
 
 async def _check_source(env: Mapping[str, str], source: Path) -> None:
     """Fail unless `python -m bullpen` in `source` really imports the package from there."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        "import bullpen, os; print(os.path.realpath(os.getcwd()));"
-        " print(os.path.realpath(bullpen.__file__))",
-        env=dict(env),
+    returncode, out, err = await _captured(
+        [
+            sys.executable,
+            "-c",
+            "import bullpen, os; print(os.path.realpath(os.getcwd()));"
+            " print(os.path.realpath(bullpen.__file__))",
+        ],
+        timeout_s=INIT_TIMEOUT_S,
+        too_long=f"importing bullpen from {source} took too long",
+        env=env,
         cwd=source,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
     )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), INIT_TIMEOUT_S)
-    except TimeoutError as exc:
-        proc.kill()
-        await proc.wait()
-        raise SpawnError(f"importing bullpen from {source} took too long") from exc
     # The child resolves both paths, so symlinks (a linked /tmp) cannot fool the check.
     where, _, origin = out.decode().strip().partition("\n")
-    if proc.returncode != 0 or not PurePath(origin).is_relative_to(where):
+    if returncode != 0 or not PurePath(origin).is_relative_to(where):
         raise SpawnError(
             f"the server would not run the code in {source}: bullpen imports from "
             f"{origin} ({err.decode(errors='replace').strip()[-500:]})"
@@ -293,24 +308,17 @@ async def _drop_database(admin_url: str, name: str) -> None:
 
 
 async def _run_init(env: dict[str, str], data_dir: Path, cwd: Path | None) -> dict[str, Any]:
-    proc = await asyncio.create_subprocess_exec(
-        *_bullpen_argv("init", "--json"),
+    returncode, out, err = await _captured(
+        _bullpen_argv("init", "--json"),
+        timeout_s=INIT_TIMEOUT_S,
+        too_long=f"`bullpen init` did not finish in {INIT_TIMEOUT_S:.0f} s",
         env=env,
         cwd=cwd,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
     )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), INIT_TIMEOUT_S)
-    except TimeoutError as exc:
-        proc.kill()
-        await proc.wait()
-        raise SpawnError(f"`bullpen init` did not finish in {INIT_TIMEOUT_S:.0f} s") from exc
     (data_dir / "init.stderr.log").write_bytes(err)
-    if proc.returncode != 0:
+    if returncode != 0:
         tail = err[-_TAIL_BYTES:].decode(errors="replace")
-        raise SpawnError(f"`bullpen init` exited {proc.returncode}:\n{tail}")
+        raise SpawnError(f"`bullpen init` exited {returncode}:\n{tail}")
     # Use the last JSON line so stray output before it does not matter.
     for line in reversed(out.splitlines()):
         if line.strip().startswith(b"{"):
