@@ -10,13 +10,11 @@ import math
 import statistics
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import aiohttp
 import pytest
 
 from bullpen.api.deps import SESSION_COOKIE
-from bullpen.settings import Settings
 from tests.conftest import RunningServer
 from tests.integration.test_sessions import post_login
 
@@ -25,18 +23,6 @@ pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 UNKNOWN = "nobody@example.com"
 WRONG = "not-the-password"
 MAX_GAP_MS = 25.0
-
-
-@pytest.fixture
-def overrides() -> dict[str, Any]:
-    """Settings fields a test changes (by parametrizing this fixture)."""
-    return {}
-
-
-@pytest.fixture
-def settings(settings: Settings, overrides: dict[str, Any]) -> Settings:
-    """The shared settings with this test's overrides."""
-    return Settings.model_validate({**settings.model_dump(), **overrides})
 
 
 @pytest.fixture
@@ -96,7 +82,7 @@ async def test_fifty_bad_sign_ins_known_and_unknown_look_the_same(
     assert_refused_for_now(status, html, retry_after, server.settings.login_window_s)
 
 
-@pytest.mark.parametrize("overrides", [{"login_max_failures": 2}])
+@pytest.mark.with_settings(login_max_failures=2)
 async def test_threshold_comes_from_settings_and_success_resets_it(
     server: RunningServer, client: aiohttp.ClientSession
 ) -> None:
@@ -110,7 +96,7 @@ async def test_threshold_comes_from_settings_and_success_resets_it(
     assert_refused_for_now(status, html, retry_after, server.settings.login_window_s)
 
 
-@pytest.mark.parametrize("overrides", [{"login_max_failures_per_client": 3}])
+@pytest.mark.with_settings(login_max_failures_per_client=3)
 async def test_one_client_spraying_many_emails_is_stopped(
     server: RunningServer, client: aiohttp.ClientSession
 ) -> None:
@@ -131,7 +117,7 @@ async def test_one_client_spraying_many_emails_is_stopped(
     )[0] == 303
 
 
-@pytest.mark.parametrize("overrides", [{"login_max_failures": 1000}])
+@pytest.mark.with_settings(login_max_failures=1000)
 async def test_unknown_email_costs_the_same_time_as_a_wrong_password(
     server: RunningServer, client: aiohttp.ClientSession
 ) -> None:
