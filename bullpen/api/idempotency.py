@@ -80,16 +80,19 @@ class IdempotentWrite:
         fingerprint = hashlib.sha256(_canonical(await self._request.body())).digest()
         try:
             async with self._svc.store.write() as conn:
-                if not await keys.try_lock(conn, scope, self._svc.store.dialect):
+                locked, row = await keys.claim(conn, scope, self._svc.store.dialect)
+                if not locked:
                     raise IdempotencyKeyInUse(
                         "a request with this Idempotency-Key is still in progress",
                         retry_after=1,
                     )
-                self.replayed = await self._replay(conn, scope, fingerprint)
+                self.replayed = await self._replay(conn, scope, row, fingerprint)
                 self._operating = self.replayed is None
                 yield self
                 if self.replayed is None and self._outcome is not None:
-                    await self._store(conn, scope, fingerprint, self._outcome)
+                    if not await self._store(conn, scope, fingerprint, self._outcome):
+                        self._operating = False  # roll back: the first request's outcome stands
+                        raise _just_completed()
         except BullpenError as err:
             if self._operating and 400 <= err.status < 500 and err.status not in _NOT_STORED:
                 response = problems.from_error(err, self._request.url.path)
@@ -98,10 +101,7 @@ class IdempotentWrite:
                     await self._store(conn, scope, fingerprint, outcome)
             raise
         except sa_exc.IntegrityError as err:  # a concurrent first use won the insert
-            raise IdempotencyKeyInUse(
-                "a request with this Idempotency-Key was just completed; retry to replay it",
-                retry_after=1,
-            ) from err
+            raise _just_completed() from err
 
     def respond(
         self,
@@ -122,8 +122,9 @@ class IdempotentWrite:
         self._outcome = _Outcome(status, headers, kept)
         return Response(payload, status_code=status, media_type="application/json", headers=headers)
 
-    async def _replay(self, conn: Any, scope: keys.Scope, fingerprint: bytes) -> Response | None:
-        row = await keys.find(conn, scope)
+    async def _replay(
+        self, conn: Any, scope: keys.Scope, row: Any | None, fingerprint: bytes
+    ) -> Response | None:
         if row is None:
             return None
         if row.expires_at <= self._svc.clock():
@@ -151,9 +152,9 @@ class IdempotentWrite:
 
     async def _store(
         self, conn: Any, scope: keys.Scope, fingerprint: bytes, outcome: _Outcome
-    ) -> None:
+    ) -> bool:
         now = self._svc.clock()
-        await keys.store(
+        return await keys.store(
             conn,
             scope,
             dialect=self._svc.store.dialect,
@@ -164,6 +165,13 @@ class IdempotentWrite:
             now=now,
             expires_at=now + timedelta(seconds=self._svc.settings.idempotency_ttl_s),
         )
+
+
+def _just_completed() -> IdempotencyKeyInUse:
+    return IdempotencyKeyInUse(
+        "a request with this Idempotency-Key was just completed; retry to replay it",
+        retry_after=1,
+    )
 
 
 def _canonical(body: bytes) -> bytes:

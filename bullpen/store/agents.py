@@ -56,11 +56,13 @@ async def create_agent(
 
 async def get_agent(conn: Connection, workspace_id: UUID, agent_id: UUID) -> Any | None:
     """The agent with this id in this workspace, or None (another workspace's is None too)."""
-    return (
-        await conn.execute(
-            sa.select(agents).where(agents.c.id == agent_id, agents.c.workspace_id == workspace_id)
-        )
-    ).first()
+    params = {"agent_id": agent_id, "workspace_id": workspace_id}
+    return (await conn.execute(_GET_AGENT, params)).first()
+
+
+_GET_AGENT = sa.select(agents).where(
+    agents.c.id == sa.bindparam("agent_id"), agents.c.workspace_id == sa.bindparam("workspace_id")
+)
 
 
 async def list_agents(conn: Connection, workspace_id: UUID) -> list[Any]:

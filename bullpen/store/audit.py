@@ -14,6 +14,8 @@ from bullpen.store.base import Connection
 from bullpen.store.paging import Page, keyset
 from bullpen.store.tables import audit_events
 
+_INSERT = audit_events.insert()
+
 
 async def record(
     conn: Connection,
@@ -29,17 +31,18 @@ async def record(
 ) -> None:
     """Append one audit event; the caller's transaction commits it with the change."""
     await conn.execute(
-        audit_events.insert().values(
-            id=uuid.uuid4(),
-            workspace_id=workspace_id,
-            actor_type=actor_type,
-            actor_id=actor_id,
-            action=action,
-            target_type=target_type,
-            target_id=target_id,
-            data=data or {},
-            created_at=now,
-        )
+        _INSERT,
+        {
+            "id": uuid.uuid4(),
+            "workspace_id": workspace_id,
+            "actor_type": actor_type,
+            "actor_id": actor_id,
+            "action": action,
+            "target_type": target_type,
+            "target_id": target_id,
+            "data": data or {},
+            "created_at": now,
+        },
     )
 
 

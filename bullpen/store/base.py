@@ -40,6 +40,8 @@ T = TypeVar("T")
 class Connection(Protocol):
     """What aggregate modules use of a transaction: an AsyncConnection or an InlineConnection."""
 
+    dialect: sa.Dialect
+
     async def execute(self, statement: Executable, parameters: Any = None, /) -> CursorResult[Any]:
         """Run one statement (a list of parameter dicts runs it once per dict)."""
         ...
@@ -50,6 +52,7 @@ class InlineConnection:
 
     def __init__(self, connection: sa.Connection) -> None:
         self.sync_connection = connection
+        self.dialect = connection.dialect
 
     async def execute(self, statement: Executable, parameters: Any = None, /) -> CursorResult[Any]:
         """Run one statement now."""
@@ -97,6 +100,14 @@ class Store:
         self.is_sqlite = isinstance(engine, sa.Engine)
         self._sqlite_path = sqlite_path
         self._write_lock = asyncio.Lock() if self.is_sqlite else None
+        # PostgreSQL reads run in autocommit: at READ COMMITTED a read-only transaction gives
+        # no more consistency than its statements do alone, and BEGIN/COMMIT cost two round
+        # trips per read.
+        self._reader = (
+            None
+            if isinstance(engine, sa.Engine)
+            else engine.execution_options(isolation_level="AUTOCOMMIT")
+        )
         self._checkpointer: asyncio.Task[None] | None = None
         self._lock_fd: int | None = None
 
@@ -112,7 +123,8 @@ class Store:
                 with self.engine.connect() as sync_conn, sync_conn.begin():
                     yield InlineConnection(sync_conn)
                 return
-            async with self.engine.connect() as conn, conn.begin():
+            assert self._reader is not None
+            async with self._reader.connect() as conn:
                 yield conn
         except _UNAVAILABLE as err:
             raise Unavailable("the database is unreachable; retry shortly", retry_after=1) from err

@@ -29,36 +29,59 @@ class Scope:
         text = f"{self.workspace_id}\0{self.principal}\0{self.route}\0{self.key}"
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big", signed=True)
 
-    def where(self) -> sa.ColumnElement[bool]:
-        """The row of this scope."""
-        c = idempotency_keys.c
-        return sa.and_(
-            c.workspace_id == self.workspace_id,
-            c.principal == self.principal,
-            c.route == self.route,
-            c.key == self.key,
-        )
+    def params(self) -> dict[str, Any]:
+        """The bound values of `_SCOPE` for this scope."""
+        return {
+            "scope_workspace_id": self.workspace_id,
+            "scope_principal": self.principal,
+            "scope_route": self.route,
+            "scope_key": self.key,
+        }
 
 
-async def try_lock(conn: Connection, scope: Scope, dialect: str) -> bool:
-    """Hold the scope until the transaction ends; False if another transaction holds it.
+_c = idempotency_keys.c
+# The statements are built once (bound parameters only), so each use skips their construction.
+_SCOPE = sa.and_(
+    _c.workspace_id == sa.bindparam("scope_workspace_id"),
+    _c.principal == sa.bindparam("scope_principal"),
+    _c.route == sa.bindparam("scope_route"),
+    _c.key == sa.bindparam("scope_key"),
+)
+_FIND = sa.select(idempotency_keys).where(_SCOPE)
+_CLAIM = sa.select(
+    sa.func.pg_try_advisory_xact_lock(sa.bindparam("lock_id", type_=sa.BigInteger)).label("locked"),
+    *idempotency_keys.c,
+).select_from(
+    sa.values(sa.column("one", sa.Integer), name="one")
+    .data([(1,)])
+    .outerjoin(idempotency_keys, _SCOPE)
+)
+_FORGET = idempotency_keys.delete().where(_SCOPE)
+_STORE = {
+    "postgresql": postgresql.insert(idempotency_keys).on_conflict_do_nothing(),
+    "sqlite": sqlite.insert(idempotency_keys).on_conflict_do_nothing(),
+}
 
-    SQLite needs nothing: its single writer already serialises every write transaction.
+
+async def claim(conn: Connection, scope: Scope, dialect: str) -> tuple[bool, Any | None]:
+    """Hold the scope until the transaction ends and read its stored outcome, if any.
+
+    Returns (False, None) when another transaction holds the scope. On PostgreSQL the advisory
+    lock and the lookup are one round trip; an outcome committed by another transaction between
+    the lookup's snapshot and the lock is caught when `store` finds the key taken. SQLite needs
+    no lock: its single writer already serialises every write transaction.
     """
     if dialect != "postgresql":
-        return True
-    result = await conn.execute(sa.select(sa.func.pg_try_advisory_xact_lock(scope.lock_id())))
-    return bool(result.scalar_one())
-
-
-async def find(conn: Connection, scope: Scope) -> Any | None:
-    """The stored outcome of this scope, expired or not, or None."""
-    return (await conn.execute(sa.select(idempotency_keys).where(scope.where()))).first()
+        return True, (await conn.execute(_FIND, scope.params())).first()
+    row = (await conn.execute(_CLAIM, {**scope.params(), "lock_id": scope.lock_id()})).one()
+    if not row.locked:
+        return False, None
+    return True, (row if row.key is not None else None)
 
 
 async def forget(conn: Connection, scope: Scope) -> None:
     """Drop this scope's stored outcome (it expired)."""
-    await conn.execute(idempotency_keys.delete().where(scope.where()))
+    await conn.execute(_FORGET, scope.params())
 
 
 async def store(
@@ -86,8 +109,7 @@ async def store(
         "created_at": now,
         "expires_at": expires_at,
     }
-    insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(idempotency_keys)
-    result = await conn.execute(insert.values(**values).on_conflict_do_nothing())
+    result = await conn.execute(_STORE[dialect], values)
     return int(result.rowcount) == 1
 
 

@@ -18,16 +18,51 @@ from bullpen.store.tables import runs, task_comments, tasks, workspaces
 _TASK_COLUMNS = [*tasks.c, workspaces.c.task_key]
 
 
+_RUN_FIELDS = ("id", "workspace_id", "task_id", "agent_id", "status", "attempt", "queued_at")
+_INSERT_TASK = tasks.insert()
+_INSERT_RUN = runs.insert()
+_NEXT_NUMBER = (
+    workspaces.update()
+    .where(workspaces.c.id == sa.bindparam("workspace_id"))
+    .values(task_counter=workspaces.c.task_counter + 1)
+    .returning(workspaces.c.task_counter, workspaces.c.task_key)
+)
+
+
+def _task_and_run_at_once() -> sa.Select[Any]:
+    """PostgreSQL: reserve the number and insert the task and its run in one statement.
+
+    One round trip instead of three, and the workspace row (whose counter every create
+    increments) stays locked for less of the transaction. The run's foreign key to the task is
+    checked at the end of the statement, when both rows exist.
+    """
+    counter = _NEXT_NUMBER.cte("counter")
+    task_columns = [c.name for c in tasks.c if c.name != "number"]
+    new_task = tasks.insert().from_select(
+        [*task_columns, "number"],
+        sa.select(
+            *(sa.bindparam(f"task_{name}", type_=tasks.c[name].type) for name in task_columns),
+            counter.c.task_counter,
+        ),
+    )
+    new_run = runs.insert().values(
+        {
+            c.name: sa.bindparam(f"run_{c.name}", type_=c.type)
+            for c in runs.c
+            if c.name in _RUN_FIELDS
+        }
+    )
+    return sa.select(counter.c.task_counter, counter.c.task_key).add_cte(
+        new_task.cte("new_task"), new_run.cte("new_run")
+    )
+
+
+_TASK_AND_RUN = _task_and_run_at_once()
+
+
 async def next_task_number(conn: Connection, workspace_id: UUID) -> tuple[int, str]:
     """Reserve the workspace's next task number and return it with the workspace's task key."""
-    row = (
-        await conn.execute(
-            workspaces.update()
-            .where(workspaces.c.id == workspace_id)
-            .values(task_counter=workspaces.c.task_counter + 1)
-            .returning(workspaces.c.task_counter, workspaces.c.task_key)
-        )
-    ).one()
+    row = (await conn.execute(_NEXT_NUMBER, {"workspace_id": workspace_id})).one()
     return int(row.task_counter), str(row.task_key)
 
 
@@ -45,11 +80,9 @@ async def insert_task_with_run(
     labels: list[str] | None = None,
 ) -> tuple[SimpleNamespace, SimpleNamespace]:
     """Create a queued task and its queued run; returns both as stored (no read-back)."""
-    number, task_key = await next_task_number(conn, workspace_id)
-    task = {
+    task: dict[str, Any] = {
         "id": uuid.uuid4(),
         "workspace_id": workspace_id,
-        "number": number,
         "title": title,
         "prompt": prompt,
         "agent_id": agent_id,
@@ -63,16 +96,30 @@ async def insert_task_with_run(
         "created_at": now,
         "updated_at": now,
     }
-    await conn.execute(tasks.insert().values(**task))
-    run = await insert_run(conn, task["id"], workspace_id, agent_id, now)  # type: ignore[arg-type]
-    return SimpleNamespace(**task, task_key=task_key), run
+    run = _queued_run(task["id"], workspace_id, agent_id, now)
+    if conn.dialect.name == "postgresql":
+        params = {f"task_{k}": v for k, v in task.items()}
+        params.update({f"run_{k}": v for k, v in run.items()})
+        row = (await conn.execute(_TASK_AND_RUN, {"workspace_id": workspace_id, **params})).one()
+        number, task_key = int(row.task_counter), str(row.task_key)
+    else:
+        number, task_key = await next_task_number(conn, workspace_id)
+        await conn.execute(_INSERT_TASK, {**task, "number": number})
+        await conn.execute(_INSERT_RUN, run)
+    return SimpleNamespace(**task, number=number, task_key=task_key), _stored_run(run)
 
 
 async def insert_run(
     conn: Connection, task_id: UUID, workspace_id: UUID, agent_id: UUID, now: datetime
 ) -> SimpleNamespace:
     """Enqueue a run of a task; returns it as stored."""
-    run = {
+    run = _queued_run(task_id, workspace_id, agent_id, now)
+    await conn.execute(_INSERT_RUN, run)
+    return _stored_run(run)
+
+
+def _queued_run(task_id: UUID, workspace_id: UUID, agent_id: UUID, now: datetime) -> dict[str, Any]:
+    return {
         "id": uuid.uuid4(),
         "workspace_id": workspace_id,
         "task_id": task_id,
@@ -81,7 +128,9 @@ async def insert_run(
         "attempt": 0,
         "queued_at": now,
     }
-    await conn.execute(runs.insert().values(**run))
+
+
+def _stored_run(run: dict[str, Any]) -> SimpleNamespace:
     return SimpleNamespace(**{**{c.name: None for c in runs.c}, **run})
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -107,6 +108,56 @@ async def test_concurrent_duplicates_create_exactly_one_task(
     status, headers, raw = await post(http, server, body(server), key)
     assert status == 201 and headers["Idempotent-Replayed"] == "true" and raw in created
     assert await count(server, tasks) == 1
+
+
+async def test_an_outcome_committed_during_the_lookup_rolls_the_duplicate_back(
+    server: RunningServer, http: aiohttp.ClientSession, backend: str
+) -> None:
+    """PostgreSQL reads the key and takes its lock in one statement: if another transaction
+    commits the key in between, the insert of the outcome finds it taken, and the request rolls
+    back its task and answers 409 (a retry replays the first outcome)."""
+    if backend != "postgres":
+        pytest.skip("SQLite's single writer leaves no window between lookup and lock")
+    assert (await post(http, server, body(server), "probe"))[0] == 201
+    async with server.services.store.read() as conn:
+        probe = (await conn.execute(sa.select(idempotency_keys))).one()
+    dsn = server.settings.database_url.replace("+asyncpg", "")
+    holder, other = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
+    try:
+        # Stall the request after its lookup (at the workspace's task counter; NO KEY UPDATE
+        # still lets the other insert check its foreign key to the workspace)...
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT 1 FROM workspaces FOR NO KEY UPDATE")
+        racing = asyncio.create_task(post(http, server, body(server), "raced"))
+        await asyncio.sleep(0.5)
+        # ...while another transaction commits an outcome for the same key.
+        first = orjson.dumps({"first": True})
+        fingerprint = hashlib.sha256(
+            orjson.dumps(body(server), option=orjson.OPT_SORT_KEYS)
+        ).digest()
+        await other.execute(
+            "INSERT INTO idempotency_keys (workspace_id, principal, route, key, fingerprint,"
+            " status_code, headers, body, created_at, expires_at)"
+            " VALUES ($1, $2, $3, 'raced', $4, 201, '{}', $5, $6, $7)",
+            probe.workspace_id,
+            probe.principal,
+            probe.route,
+            fingerprint,
+            first,
+            probe.created_at,
+            probe.expires_at,
+        )
+        await holder.execute("COMMIT")
+        status, headers, raw = await racing
+    finally:
+        await holder.close()
+        await other.close()
+    assert status == 409 and headers["Retry-After"] == "1", raw
+    assert b"idempotency-key-in-use" in raw
+    assert await count(server, tasks) == 1  # the probe's; the raced request's rolled back
+    replay = await post(http, server, body(server), "raced")
+    assert replay[0] == 201 and replay[2] == first
+    assert replay[1]["Idempotent-Replayed"] == "true"
 
 
 async def test_keys_are_scoped_to_the_caller(
