@@ -13,7 +13,8 @@ from bullpen.bench.simprovider import SimConfig, SimulatedProvider
 from bullpen.gateway.client import GatewayClient, Timeouts
 from bullpen.gateway.providers import Provider, ProviderRegistry
 from bullpen.metrics import build_registry
-from bullpen.queue.worker import Worker
+from bullpen.queue.wakeup import Listener, Notifier, asyncpg_dsn
+from bullpen.queue.worker import Worker, WorkerTuning
 from bullpen.services.auth import AuthService
 from bullpen.services.bootstrap import SIMULATED_MODEL, SIMULATED_PROVIDER
 from bullpen.services.housekeeping import Housekeeper
@@ -24,6 +25,7 @@ from bullpen.settings import Settings
 from bullpen.store.base import Store
 from bullpen.store.engine import create_store
 from bullpen.store.migrate import migrate
+from bullpen.store.runs import RetryPolicy
 from bullpen.streams.bus.memory import MemoryBus
 from bullpen.streams.eventlog import EventLog
 
@@ -111,12 +113,18 @@ async def build(
                     eventlog,
                     gateway,
                     providers,
-                    concurrency=settings.worker_concurrency,
-                    lease=timedelta(seconds=settings.lease_s),
-                    poll_s=settings.poll_interval_s,
+                    tuning=worker_tuning(settings),
                     clock=clock,
+                    publish=bus.publish,
                 )
             )
+        wakeups: list[Callable[[], None]] = [worker.notify] if worker else []
+        if settings.database_url is not None:  # PostgreSQL: other processes hear of enqueues
+            dsn = asyncpg_dsn(settings.database_url)
+            notifier = await stack.enter_async_context(Notifier(dsn))
+            wakeups.append(notifier.enqueued)
+            if worker is not None:
+                await stack.enter_async_context(Listener(dsn, worker.notify))
         await stack.enter_async_context(Housekeeper(store, clock, settings.housekeeping_interval_s))
         readers: dict[str, tuple[str, Callable[[], float]]] = {
             "bullpen_sse_subscribers": ("Live SSE subscribers", lambda: bus.subscriber_count),
@@ -124,6 +132,18 @@ async def build(
         }
         if worker is not None:
             readers["bullpen_runs_inflight"] = ("Runs executing", lambda: worker.inflight)
+            readers["bullpen_runs_completed"] = (
+                "Runs this process ended (done, failed, cancelled)",
+                lambda: worker.completed,
+            )
+            readers["bullpen_runs_redelivered"] = (
+                "Deliveries this process re-queued after a lost lease or transient failure",
+                lambda: worker.redelivered,
+            )
+            readers["bullpen_runs_dead_lettered"] = (
+                "Runs this process dead-lettered after their last allowed attempt",
+                lambda: worker.dead_lettered,
+            )
         if not store.is_sqlite:
             readers["bullpen_db_pool_in_use"] = (
                 "DB connections in use",
@@ -154,9 +174,11 @@ async def build(
             tasks=TaskService(
                 store,
                 clock,
-                on_enqueued=worker.notify if worker else _no_worker,
+                on_enqueued=_all(wakeups),
                 cancel_local=worker.cancel if worker else _not_held,
                 publish=bus.publish,
+                max_backlog=settings.queue_max_backlog,
+                backlog_retry_after_s=settings.queue_backlog_retry_after_s,
             ),
             limits=CallerLimits(
                 TokenBuckets(
@@ -176,8 +198,29 @@ async def build(
         )
 
 
-def _no_worker() -> None:
-    """Runs are picked up by worker processes elsewhere."""
+def worker_tuning(settings: Settings) -> WorkerTuning:
+    """The worker's timings and retry policy from the settings."""
+    return WorkerTuning(
+        concurrency=settings.worker_concurrency,
+        lease=timedelta(seconds=settings.lease_s),
+        poll_s=settings.poll_interval_s,
+        cancel_poll_s=settings.cancel_poll_s,
+        drain_grace_s=settings.drain_grace_s,
+        crash_marker=settings.fault_crash_marker,
+        retry=RetryPolicy(
+            max_attempts=settings.max_attempts,
+            base_s=settings.retry_backoff_s,
+            max_s=settings.retry_backoff_max_s,
+        ),
+    )
+
+
+def _all(callbacks: list[Callable[[], None]]) -> Callable[[], None]:
+    def call() -> None:
+        for callback in callbacks:
+            callback()
+
+    return call
 
 
 async def _not_held(_run_id: object) -> bool:

@@ -1,4 +1,4 @@
-"""The `bullpen` command line: up, migrate, init, sim-provider, bench."""
+"""The `bullpen` command line: up, worker, migrate, init, sim-provider, bench."""
 
 from __future__ import annotations
 
@@ -111,6 +111,51 @@ def up(
         forwarded_allow_ips=settings.forwarded_allow_ips,
     )
     uvicorn.Server(config).run()
+
+
+@cli.command()
+def worker(
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    concurrency: Annotated[
+        int | None, typer.Option(help="Runs at once (BULLPEN_WORKER_CONCURRENCY).")
+    ] = None,
+) -> None:
+    """Run a worker process (no API): claim and execute runs until SIGTERM, then drain.
+
+    On SIGTERM or SIGINT it stops claiming, lets in-flight runs finish for
+    BULLPEN_DRAIN_GRACE_S, releases what still runs back to the queue and exits 0. Run several
+    per machine, and on PostgreSQL on any number of machines.
+    """
+    import asyncio
+    import signal
+
+    from bullpen import logs
+    from bullpen.app import build
+
+    logs.configure()
+    settings = _settings(
+        data_dir, database_url, worker_enabled=True, worker_concurrency=concurrency
+    )
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with build(settings) as services:
+            assert services.worker is not None
+            console.print(
+                f"worker {services.worker.owner} ready "
+                f"({settings.worker_concurrency} at once, lease {settings.lease_s:g} s)",
+                highlight=False,
+            )
+            await stop.wait()
+            console.print("draining", highlight=False)
+            await services.worker.drain(settings.drain_grace_s)
+        console.print("worker stopped", highlight=False)
+
+    uvloop.run(run())
 
 
 @cli.command()

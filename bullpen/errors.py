@@ -27,6 +27,8 @@ class BullpenError(Exception):
     status: ClassVar[int] = 500
     slug: ClassVar[str] = "internal"
     title: ClassVar[str] = "Internal error"
+    # Whether trying the same thing again later may succeed (a run is then retried with backoff).
+    transient_by_default: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -34,11 +36,13 @@ class BullpenError(Exception):
         *,
         retry_after: float | None = None,
         errors: list[dict[str, Any]] | None = None,
+        transient: bool | None = None,
     ) -> None:
         super().__init__(detail)
         self.detail = detail
         self.retry_after = retry_after
         self.errors = errors
+        self.transient = self.transient_by_default if transient is None else transient
 
 
 class BadRequest(BullpenError):
@@ -133,6 +137,7 @@ class Unavailable(BullpenError):
     status = 503
     slug = "unavailable"
     title = "Service unavailable"
+    transient_by_default = True
 
 
 class ProviderError(BullpenError):

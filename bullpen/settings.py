@@ -49,6 +49,16 @@ class Settings(BaseSettings):
     worker_concurrency: int = Field(default=256, ge=1)
     lease_s: float = Field(default=60.0, gt=0)
     poll_interval_s: float = Field(default=1.0, gt=0)
+    cancel_poll_s: float = Field(default=0.5, gt=0)
+    max_attempts: int = Field(default=5, ge=1)
+    retry_backoff_s: float = Field(default=1.0, ge=0)
+    retry_backoff_max_s: float = Field(default=300.0, ge=0)
+    drain_grace_s: float = Field(default=30.0, ge=0)
+    queue_max_backlog: int = Field(default=10_000, ge=1)
+    queue_backlog_retry_after_s: int = Field(default=5, ge=1)
+    # Fault injection for the fault tests: a worker that starts a run whose prompt contains this
+    # text kills its own process (SIGKILL), as a poison run would. Unset: no effect.
+    fault_crash_marker: str | None = Field(default=None, min_length=8)
 
     # Event log.
     coalesce_ms: float = Field(default=25.0, ge=0)

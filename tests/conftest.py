@@ -121,6 +121,7 @@ async def settings(
         "data_dir": tmp_path / "data",
         "secret_key": "t" * 40,
         **FAST_SIM,
+        "drain_grace_s": 1.0,  # a test's server stops promptly with runs in flight
         **_marked_settings(request),
     }
     if backend == "sqlite":

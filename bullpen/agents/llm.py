@@ -47,6 +47,7 @@ async def run_llm(
     started_wall = datetime.now(UTC)
     provider_name: str | None = None
     model: str | None = None
+    transient = False
     try:
         config = LlmConfig.parse(run.agent_config)
         provider_name, model = config.provider, config.model
@@ -62,6 +63,8 @@ async def run_llm(
         status, error = RunStatus.DONE, None
     except BullpenError as err:
         status, error = RunStatus.FAILED, err.detail
+        # Retrying is safe only before any text reached the stream.
+        transient = err.transient and not result.text_parts
     if result.input_tokens is not None or result.output_tokens is not None:
         writer.emit(
             EventKind.USAGE,
@@ -83,4 +86,5 @@ async def run_llm(
         model=result.model or model,
         input_tokens=result.input_tokens,
         output_tokens=result.output_tokens,
+        transient=transient,
     )

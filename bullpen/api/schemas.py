@@ -132,7 +132,13 @@ class RunPublic(BaseModel):
     id: UUID
     task_id: UUID
     status: str
-    attempt: int
+    attempt: int = Field(description="Deliveries so far: each claim by a worker is one")
+    failures: int = Field(
+        description="Deliveries that ended without an outcome (lost lease, transient failure)"
+    )
+    priority: int
+    available_at: datetime | None = Field(description="When a retried run may be claimed again")
+    cancel_requested_at: datetime | None
     queued_at: datetime
     started_at: datetime | None
     first_token_at: datetime | None
@@ -152,6 +158,10 @@ class RunPublic(BaseModel):
             task_id=row.task_id,
             status=row.status,
             attempt=row.attempt,
+            failures=row.failures,
+            priority=row.priority,
+            available_at=row.available_at,
+            cancel_requested_at=row.cancel_requested_at,
             queued_at=row.queued_at,
             started_at=row.started_at,
             first_token_at=row.first_token_at,

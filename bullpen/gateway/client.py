@@ -18,6 +18,10 @@ _DATA = b"data:"
 _DONE = b"[DONE]"
 
 
+# Overloaded or briefly away: the same request may succeed later.
+_TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504, 529})
+
+
 @dataclass(slots=True)
 class StreamResult:
     """What a finished stream reported besides its text."""
@@ -96,7 +100,10 @@ class GatewayClient:
                 url, data=orjson.dumps(body), headers=headers
             ) as resp:
                 if resp.status != 200:
-                    raise ProviderError(await _describe_failure(provider, resp))
+                    raise ProviderError(
+                        await _describe_failure(provider, resp),
+                        transient=resp.status in _TRANSIENT_STATUSES,
+                    )
                 async for delta in self._read(resp, result, started):
                     yield delta
         except ProviderError:
@@ -104,14 +111,18 @@ class GatewayClient:
         except TimeoutError as err:
             raise ProviderError(
                 f"provider {provider.name!r} timed out "
-                f"({'before the first token' if result.ttft_s is None else 'between chunks'})"
+                f"({'before the first token' if result.ttft_s is None else 'between chunks'})",
+                transient=True,
             ) from err
         except aiohttp.ClientError as err:
             raise ProviderError(
-                f"provider {provider.name!r} connection failed: {type(err).__name__}"
+                f"provider {provider.name!r} connection failed: {type(err).__name__}",
+                transient=True,
             ) from err
         if result.finish_reason is None:
-            raise ProviderError(f"provider {provider.name!r} stream ended without finishing")
+            raise ProviderError(
+                f"provider {provider.name!r} stream ended without finishing", transient=True
+            )
 
     async def _read(
         self, resp: aiohttp.ClientResponse, result: StreamResult, started: float

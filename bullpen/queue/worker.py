@@ -1,19 +1,30 @@
-"""The worker: claims queued runs under a lease, executes them, renews and finishes them."""
+"""The worker: claims queued runs under a lease, executes them, renews and finishes them.
+
+Every write of a delivery is fenced by (run id, attempt): events (the event log checks the
+holder in each group commit), lease renewals, the final state, a transient failure's re-queue.
+A worker that lost its lease (paused past it, cut off from the database) finds its writes
+refused and stops the agent. SIGTERM drains: no new claims, in-flight runs get a grace period,
+then whatever still runs is released back to the queue unharmed.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
+import signal
 import socket
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import Enum
 from uuid import UUID
 
 from bullpen.agents.llm import run_llm
-from bullpen.domain.events import EventKind
+from bullpen.domain.events import EventKind, RunEvent
 from bullpen.domain.status import RunStatus
 from bullpen.errors import BullpenError
 from bullpen.gateway.client import GatewayClient
@@ -21,12 +32,33 @@ from bullpen.gateway.providers import ProviderRegistry
 from bullpen.store import events as event_store
 from bullpen.store import runs as run_store
 from bullpen.store.base import Connection, Store
-from bullpen.store.runs import ClaimedRun, RunOutcome
-from bullpen.streams.eventlog import EventLog
+from bullpen.store.runs import ClaimedRun, Held, Redelivery, RetryPolicy, RunOutcome
+from bullpen.streams.eventlog import EventLog, RunWriter
 
 log = logging.getLogger(__name__)
 
 _CLAIM_BATCH = 32
+
+
+class _Stop(Enum):
+    """Why an execution was stopped from outside."""
+
+    CANCEL = "cancel"  # someone cancelled the task: the run ends `cancelled`
+    LOST = "lost"  # the lease moved on: write nothing more
+    RELEASE = "release"  # draining: give the run back to the queue
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerTuning:
+    """How often the worker looks at the queue and its runs."""
+
+    concurrency: int
+    lease: timedelta
+    poll_s: float
+    cancel_poll_s: float = 0.5
+    drain_grace_s: float = 30.0
+    crash_marker: str | None = None  # fault injection: see Settings.fault_crash_marker
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
 class Worker:
@@ -39,38 +71,35 @@ class Worker:
         gateway: GatewayClient,
         providers: ProviderRegistry,
         *,
-        concurrency: int,
-        lease: timedelta,
-        poll_s: float,
+        tuning: WorkerTuning,
         clock: Callable[[], datetime],
+        publish: Callable[[list[RunEvent]], None],
     ) -> None:
         self._store = store
         self._eventlog = eventlog
         self._gateway = gateway
         self._providers = providers
-        self._concurrency = concurrency
-        self._lease = lease
-        self._poll_s = poll_s
+        self._tuning = tuning
         self._clock = clock
+        self._publish = publish
         self.owner = f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._wake = asyncio.Event()
         self._inflight: dict[UUID, asyncio.Task[None]] = {}
-        self._cancelled: set[UUID] = set()
+        self._held: dict[UUID, int] = {}  # run id -> attempt
+        self._stops: dict[UUID, _Stop] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._draining = False
+        self.completed = 0
+        self.redelivered = 0
+        self.dead_lettered = 0
 
     def notify(self) -> None:
-        """Wake the claim loop now (a run was enqueued in this process)."""
+        """Wake the claim loop now (a run was enqueued)."""
         self._wake.set()
 
     async def cancel(self, run_id: UUID, *, wait_s: float = 5.0) -> bool:
         """Stop a run this process executes and end it `cancelled`; False if not held here."""
-        task = self._inflight.get(run_id)
-        if task is None:
-            return False
-        self._cancelled.add(run_id)
-        task.cancel()
-        await asyncio.wait([task], timeout=wait_s)
-        return True
+        return await self._stop(run_id, _Stop.CANCEL, wait_s)
 
     @property
     def inflight(self) -> int:
@@ -81,20 +110,53 @@ class Worker:
         self._tasks = [
             asyncio.create_task(self._claim_loop(), name="bullpen-claim"),
             asyncio.create_task(self._lease_loop(), name="bullpen-lease"),
+            asyncio.create_task(self._cancel_loop(), name="bullpen-cancel-watch"),
         ]
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.drain(self._tuning.drain_grace_s)
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop claiming; let in-flight runs finish for `grace_s`, then release the rest."""
+        self._draining = True
+        claim = self._tasks[0] if self._tasks else None
+        if claim is not None:
+            claim.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await claim
+        running = list(self._inflight.values())
+        if running and grace_s > 0:
+            log.info("draining: %d runs in flight, up to %.0f s", len(running), grace_s)
+            await asyncio.wait(running, timeout=grace_s)
+        left = list(self._inflight)
+        if left:
+            log.info("draining: releasing %d runs back to the queue", len(left))
+            await asyncio.gather(*(self._stop(run_id, _Stop.RELEASE, 10.0) for run_id in left))
         for task in self._tasks:
             task.cancel()
-        running = list(self._inflight.values())
-        for task in running:
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def _stop(self, run_id: UUID, why: _Stop, wait_s: float) -> bool:
+        task = self._inflight.get(run_id)
+        if task is None:
+            return False
+        self._stops.setdefault(run_id, why)
+        task.cancel()
+        await asyncio.wait([task], timeout=wait_s)
+        return True
+
+    def _lost(self, run_id: UUID) -> None:
+        task = self._inflight.get(run_id)
+        if task is not None and run_id not in self._stops:
+            log.warning("run %s: lease lost; stopping it", run_id)
+            self._stops[run_id] = _Stop.LOST
             task.cancel()
-        await asyncio.gather(*self._tasks, *running, return_exceptions=True)
 
     async def _claim_loop(self) -> None:
-        while True:
-            free = self._concurrency - len(self._inflight)
+        while not self._draining:
+            free = self._tuning.concurrency - len(self._inflight)
             claimed: list[ClaimedRun] = []
             if free > 0:
                 try:
@@ -104,71 +166,130 @@ class Worker:
                             owner=self.owner,
                             limit=min(free, _CLAIM_BATCH),
                             now=self._clock(),
-                            lease=self._lease,
+                            lease=self._tuning.lease,
                         )
                 except BullpenError as err:
                     log.warning("claim failed: %s", err.detail)
             for run in claimed:
                 task = asyncio.create_task(self._execute(run), name=f"bullpen-run-{run.id}")
                 self._inflight[run.id] = task
+                self._held[run.id] = run.attempt
                 task.add_done_callback(functools.partial(self._done, run.id))
             if len(claimed) == _CLAIM_BATCH and free > _CLAIM_BATCH:
                 continue  # more may be waiting
-            try:
-                async with asyncio.timeout(self._poll_s):
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._tuning.poll_s):
                     await self._wake.wait()
-            except TimeoutError:
-                pass
             self._wake.clear()
 
     def _done(self, run_id: UUID, _task: asyncio.Task[None]) -> None:
         self._inflight.pop(run_id, None)
-        self._cancelled.discard(run_id)
-        if len(self._inflight) == self._concurrency - 1:
+        self._held.pop(run_id, None)
+        self._stops.pop(run_id, None)
+        if len(self._inflight) == self._tuning.concurrency - 1:
             self._wake.set()  # the worker was full: queued runs may be waiting for this slot
 
+    def _holding(self) -> list[Held]:
+        return [Held(run_id, attempt) for run_id, attempt in self._held.items()]
+
     async def _lease_loop(self) -> None:
-        interval = self._lease.total_seconds() / 3
+        """Renew this worker's leases and reap other workers' expired ones."""
+        interval = self._tuning.lease.total_seconds() / 3
         while True:
             await asyncio.sleep(interval)
             try:
                 async with self._store.write() as conn:
                     now = self._clock()
-                    await run_store.renew(
+                    lost = await run_store.renew(
                         conn,
                         owner=self.owner,
-                        run_ids=list(self._inflight),
+                        held=self._holding(),
                         now=now,
-                        lease=self._lease,
+                        lease=self._tuning.lease,
                     )
-                    if await run_store.requeue_expired(conn, now=now):
-                        self._wake.set()
+                    reaped = await reap(conn, now=now, policy=self._tuning.retry)
             except BullpenError as err:
                 log.warning("lease renewal failed: %s", err.detail)
+                continue
+            for h in lost:
+                self._lost(h.run_id)
+            self._after_redelivery(reaped)
+
+    def _after_redelivery(self, redelivered: list[tuple[Redelivery, RunEvent | None]]) -> None:
+        ended = [event for _, event in redelivered if event is not None]
+        if ended:
+            self._publish(ended)
+        for r, _ in redelivered:
+            if r.status is RunStatus.QUEUED:
+                self.redelivered += 1
+            elif r.status is RunStatus.FAILED:
+                self.dead_lettered += 1
+                log.warning("run %s dead-lettered: %s", r.run_id, r.error)
+        if any(r.status is RunStatus.QUEUED for r, _ in redelivered):
+            self._wake.set()
+
+    async def _cancel_loop(self) -> None:
+        """Cancellations asked through another process reach this one within `cancel_poll_s`."""
+        while True:
+            await asyncio.sleep(self._tuning.cancel_poll_s)
+            if not self._inflight:
+                continue
+            try:
+                async with self._store.read() as conn:
+                    asked = await run_store.cancel_requested(conn, list(self._inflight))
+            except BullpenError as err:
+                log.warning("cancel check failed: %s", err.detail)
+                continue
+            for run_id in asked:
+                if run_id not in self._stops:
+                    self._stops[run_id] = _Stop.CANCEL
+                    self._inflight[run_id].cancel()
 
     async def _execute(self, run: ClaimedRun) -> None:
         last = 0
         if run.attempt > 1:
             async with self._store.read() as conn:
                 last = await event_store.last_seq(conn, run.id)
-        writer = self._eventlog.writer(run.id, run.task_id, run.workspace_id, last)
+        writer = self._eventlog.writer(
+            run.id,
+            run.task_id,
+            run.workspace_id,
+            last,
+            attempt=run.attempt,
+            on_lost=functools.partial(self._lost, run.id),
+        )
+        # Marks the delivery: text after it belongs to this attempt only.
         writer.emit(EventKind.STATUS, {"status": "running", "attempt": run.attempt})
+        if self._tuning.crash_marker is not None and self._tuning.crash_marker in run.prompt:
+            log.error(
+                "run %s carries the fault-injection crash marker: killing this process", run.id
+            )
+            os.kill(os.getpid(), signal.SIGKILL)
         try:
             if run.agent_adapter != "llm":
                 raise BullpenError(f"adapter {run.agent_adapter!r} is not available yet")
             outcome = await run_llm(run, writer, self._gateway, self._providers)
         except asyncio.CancelledError:
-            if run.id not in self._cancelled:
-                raise  # shutdown: the lease expires and the run is delivered again
+            why = self._stops.get(run.id)
+            if why is None:
+                raise  # shutdown without drain: the lease expires and the run is delivered again
             current = asyncio.current_task()
             if current is not None:
                 current.uncancel()
+            if why is _Stop.LOST:
+                return
+            if why is _Stop.RELEASE:
+                await self._release(run, writer)
+                return
             outcome = _ended(RunStatus.CANCELLED, "cancelled on request")
         except BullpenError as err:
-            outcome = _ended(RunStatus.FAILED, err.detail)
+            outcome = _ended(RunStatus.FAILED, err.detail, transient=err.transient)
         except Exception:
             log.exception("run %s crashed", run.id)
             outcome = _ended(RunStatus.FAILED, "internal error while executing the run")
+        if outcome.status is RunStatus.FAILED and outcome.transient:
+            await self._retry_later(run, writer, outcome)
+            return
         now = self._clock()
 
         async def change(conn: Connection) -> bool:
@@ -183,11 +304,66 @@ class Worker:
         except BullpenError as err:
             log.warning("could not record the end of run %s: %s", run.id, err.detail)
             return
-        if not applied:
+        if applied:
+            self.completed += 1
+        else:
             log.warning("run %s attempt %s lost its lease; result dropped", run.id, run.attempt)
 
+    async def _retry_later(self, run: ClaimedRun, writer: RunWriter, outcome: RunOutcome) -> None:
+        """A transient failure: queue the run again after a backoff, or dead-letter it."""
+        try:
+            await self._eventlog.flush(writer)
+            async with self._store.write() as conn:
+                redelivered = await _redeliver(
+                    conn,
+                    [Held(run.id, run.attempt)],
+                    reason=outcome.error or "transient failure",
+                    now=self._clock(),
+                    policy=self._tuning.retry,
+                )
+        except BullpenError as err:
+            log.warning("could not re-queue run %s: %s", run.id, err.detail)
+            return
+        self._after_redelivery(redelivered)
 
-def _ended(status: RunStatus, error: str) -> RunOutcome:
+    async def _release(self, run: ClaimedRun, writer: RunWriter) -> None:
+        try:
+            await self._eventlog.flush(writer)
+            async with self._store.write() as conn:
+                await run_store.release(conn, [Held(run.id, run.attempt)], now=self._clock())
+        except BullpenError as err:
+            log.warning("could not release run %s (its lease will expire): %s", run.id, err.detail)
+            return
+        self._wake.set()
+
+
+async def reap(
+    conn: Connection, *, now: datetime, policy: RetryPolicy
+) -> list[tuple[Redelivery, RunEvent | None]]:
+    """Re-queue or dead-letter runs whose lease expired; returns them with any end event."""
+    expired = await run_store.expired(conn, now=now)
+    return await _redeliver(
+        conn, expired, reason="its worker stopped renewing the lease", now=now, policy=policy
+    )
+
+
+async def _redeliver(
+    conn: Connection, held: list[Held], *, reason: str, now: datetime, policy: RetryPolicy
+) -> list[tuple[Redelivery, RunEvent | None]]:
+    """Fail these deliveries; a run that ends here (dead-letter, cancel) gets its end event."""
+    out: list[tuple[Redelivery, RunEvent | None]] = []
+    for r in await run_store.fail_deliveries(conn, held, reason=reason, now=now, policy=policy):
+        event: RunEvent | None = None
+        if r.status is not RunStatus.QUEUED:
+            seq = await event_store.last_seq(conn, r.run_id) + 1
+            data = {"status": r.status.value, "error": r.error}
+            event = RunEvent(r.run_id, r.task_id, seq, EventKind.END, data)
+            await event_store.append(conn, [event], [r.workspace_id], now)
+        out.append((r, event))
+    return out
+
+
+def _ended(status: RunStatus, error: str, *, transient: bool = False) -> RunOutcome:
     return RunOutcome(
         status=status,
         result=None,
@@ -198,4 +374,5 @@ def _ended(status: RunStatus, error: str) -> RunOutcome:
         model=None,
         input_tokens=None,
         output_tokens=None,
+        transient=transient,
     )

@@ -5,6 +5,7 @@ Every change commits with its audit event in one transaction.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -14,10 +15,11 @@ from bullpen.domain.access import Permission, need
 from bullpen.domain.events import EventKind, RunEvent
 from bullpen.domain.principal import Principal
 from bullpen.domain.status import RunStatus, TaskStatus, task_can_move
-from bullpen.errors import Conflict, Forbidden, NotFound
+from bullpen.errors import Conflict, Forbidden, NotFound, RateLimited
 from bullpen.store import agents as agent_store
 from bullpen.store import audit
 from bullpen.store import events as event_store
+from bullpen.store import runs as run_store
 from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection, Store
 from bullpen.store.paging import Page
@@ -42,12 +44,16 @@ class TaskService:
         on_enqueued: Callable[[], None],
         cancel_local: Callable[[UUID], Awaitable[bool]],
         publish: Callable[[list[RunEvent]], None],
+        max_backlog: int = 10_000,
+        backlog_retry_after_s: int = 5,
     ) -> None:
         self._store = store
         self._clock = clock
         self._on_enqueued = on_enqueued
         self._cancel_local = cancel_local
         self._publish = publish
+        self._max_backlog = max_backlog
+        self._backlog_retry_after_s = backlog_retry_after_s
 
     async def create(
         self,
@@ -68,6 +74,7 @@ class TaskService:
                 raise NotFound("no such agent in this workspace")
             if agent.status != "active":
                 raise Conflict(f"agent {agent.name!r} is {agent.status}")
+            await self._check_backlog(conn, principal.workspace_id)
             task, run = await task_store.insert_task_with_run(
                 conn,
                 workspace_id=principal.workspace_id,
@@ -137,6 +144,8 @@ class TaskService:
             before = await self._task(conn, principal, task_id)
             if changes:
                 await task_store.update_task(conn, principal.workspace_id, task_id, changes, now)
+                if "priority" in changes:  # a queued run is claimed by its task's priority
+                    await run_store.reprioritise_queued(conn, task_id, changes["priority"])
                 await audit.record_by(
                     conn,
                     principal,
@@ -166,6 +175,14 @@ class TaskService:
                         conn, principal, "task.cancel", "task", task_id, self._clock()
                     )
                 return await self.get(principal, task_id)
+            async with self._store.write() as conn:
+                asked = await run_store.request_cancel(conn, run.id, self._clock())
+                if asked:
+                    await audit.record_by(
+                        conn, principal, "task.cancel", "task", task_id, self._clock()
+                    )
+            if asked:  # the worker holding it stops it within its cancel poll
+                return await self._await_end(principal, task_id, run.id)
         now = self._clock()
         async with self._store.write() as conn:
             ended: RunEvent | None = None
@@ -182,6 +199,18 @@ class TaskService:
                 self._store.after_commit(lambda: self._publish([ended]))
         return await self.get(principal, task_id)
 
+    async def _await_end(
+        self, principal: Principal, task_id: UUID, run_id: UUID, wait_s: float = 3.0
+    ) -> tuple[Any, Any]:
+        """The task once `run_id` ended, or as it is after `wait_s`."""
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            task, run = await self.get(principal, task_id)
+            ended = run is None or run.id != run_id or run.status != RunStatus.RUNNING.value
+            if ended or asyncio.get_running_loop().time() >= deadline:
+                return task, run
+            await asyncio.sleep(0.05)
+
     async def retry(self, principal: Principal, task_id: UUID) -> tuple[Any, Any]:
         """Queue a new run of a failed or cancelled task."""
         need(principal, Permission.TASKS_WRITE)
@@ -193,10 +222,13 @@ class TaskService:
             agent = await agent_store.get_agent(conn, principal.workspace_id, task.agent_id)
             if agent is None or agent.status != "active":
                 raise Conflict("the task's agent is not active")
+            await self._check_backlog(conn, principal.workspace_id)
             await task_store.set_task_status(
                 conn, task_id, TaskStatus.QUEUED, now, result=None, error=None
             )
-            run = await task_store.insert_run(conn, task_id, principal.workspace_id, agent.id, now)
+            run = await task_store.insert_run(
+                conn, task_id, principal.workspace_id, agent.id, now, priority=task.priority
+            )
             await audit.record_by(
                 conn, principal, "task.retry", "task", task_id, now, {"run_id": str(run.id)}
             )
@@ -241,6 +273,18 @@ class TaskService:
         async with self._store.read() as conn:
             await self._task(conn, principal, task_id)
             return await task_store.list_runs(conn, task_id)
+
+    async def _check_backlog(self, conn: Connection, workspace_id: UUID) -> None:
+        """Refuse to enqueue beyond the workspace's bounded backlog (429, nothing created)."""
+        if (
+            await run_store.queued_backlog(conn, workspace_id, self._max_backlog)
+            >= self._max_backlog
+        ):
+            raise RateLimited(
+                f"this workspace already has {self._max_backlog} runs waiting in the queue; "
+                "retry when some have started",
+                retry_after=self._backlog_retry_after_s,
+            )
 
     async def _task(self, conn: Connection, principal: Principal, task_id: UUID) -> Any:
         task = await task_store.get_task(conn, principal.workspace_id, task_id)

@@ -194,8 +194,18 @@ runs = sa.Table(
     sa.Column("input_tokens", sa.Integer),
     sa.Column("output_tokens", sa.Integer),
     sa.Column("error", sa.Text),
+    # The queue (migration 0003): claimed by priority, fairly across workspaces, not before
+    # available_at (a retry's backoff); failures counts deliveries that ended without an outcome.
+    sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("available_at", UTCDateTime),
+    sa.Column("failures", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("cancel_requested_at", UTCDateTime),
     sa.Index("ix_runs_task_id", "task_id"),
     sa.Index("ix_runs_status_queued", "status", "queued_at"),
+    sa.Index(
+        "ix_runs_status_workspace_priority", "status", "workspace_id", "priority", "queued_at"
+    ),
+    sa.Index("ix_runs_status_lease", "status", "lease_expires_at"),
 )
 
 run_events = sa.Table(

@@ -18,7 +18,17 @@ from bullpen.store.tables import runs, task_comments, tasks, workspaces
 _TASK_COLUMNS = [*tasks.c, workspaces.c.task_key]
 
 
-_RUN_FIELDS = ("id", "workspace_id", "task_id", "agent_id", "status", "attempt", "queued_at")
+_RUN_FIELDS = (
+    "id",
+    "workspace_id",
+    "task_id",
+    "agent_id",
+    "status",
+    "attempt",
+    "priority",
+    "failures",
+    "queued_at",
+)
 _INSERT_TASK = tasks.insert()
 _INSERT_RUN = runs.insert()
 _NEXT_NUMBER = (
@@ -96,7 +106,7 @@ async def insert_task_with_run(
         "created_at": now,
         "updated_at": now,
     }
-    run = _queued_run(task["id"], workspace_id, agent_id, now)
+    run = _queued_run(task["id"], workspace_id, agent_id, now, priority)
     if conn.dialect.name == "postgresql":
         params = {f"task_{k}": v for k, v in task.items()}
         params.update({f"run_{k}": v for k, v in run.items()})
@@ -110,15 +120,23 @@ async def insert_task_with_run(
 
 
 async def insert_run(
-    conn: Connection, task_id: UUID, workspace_id: UUID, agent_id: UUID, now: datetime
+    conn: Connection,
+    task_id: UUID,
+    workspace_id: UUID,
+    agent_id: UUID,
+    now: datetime,
+    *,
+    priority: int = 0,
 ) -> SimpleNamespace:
-    """Enqueue a run of a task; returns it as stored."""
-    run = _queued_run(task_id, workspace_id, agent_id, now)
+    """Enqueue a run of a task (claimed by `priority`, higher first); returns it as stored."""
+    run = _queued_run(task_id, workspace_id, agent_id, now, priority)
     await conn.execute(_INSERT_RUN, run)
     return _stored_run(run)
 
 
-def _queued_run(task_id: UUID, workspace_id: UUID, agent_id: UUID, now: datetime) -> dict[str, Any]:
+def _queued_run(
+    task_id: UUID, workspace_id: UUID, agent_id: UUID, now: datetime, priority: int
+) -> dict[str, Any]:
     return {
         "id": uuid.uuid4(),
         "workspace_id": workspace_id,
@@ -126,6 +144,8 @@ def _queued_run(task_id: UUID, workspace_id: UUID, agent_id: UUID, now: datetime
         "agent_id": agent_id,
         "status": RunStatus.QUEUED.value,
         "attempt": 0,
+        "priority": priority,
+        "failures": 0,
         "queued_at": now,
     }
 

@@ -13,6 +13,7 @@ from uuid import UUID
 from bullpen.domain.events import EventKind, RunEvent
 from bullpen.errors import BullpenError
 from bullpen.store import events as event_store
+from bullpen.store import runs as run_store
 from bullpen.store.base import Connection, Store
 from bullpen.streams.bus.base import Bus
 
@@ -25,10 +26,21 @@ class RunWriter:
     """The single producer of one run attempt's events."""
 
     def __init__(
-        self, log_: EventLog, run_id: UUID, task_id: UUID, workspace_id: UUID, last_seq: int
+        self,
+        log_: EventLog,
+        run_id: UUID,
+        task_id: UUID,
+        workspace_id: UUID,
+        last_seq: int,
+        attempt: int | None,
+        on_lost: Callable[[], None] | None,
     ) -> None:
         self._log = log_
         self.run_id = run_id
+        # The fence: with an attempt, events commit only while that attempt holds the run.
+        self.attempt = attempt
+        self.lost = False
+        self._on_lost = on_lost
         self.task_id = task_id
         self.workspace_id = workspace_id
         self._seq = last_seq
@@ -64,6 +76,14 @@ class RunWriter:
         if self._ready:
             raise RuntimeError("flush the run's events before its final one")
         return self._event(kind, data)
+
+    def fence_failed(self) -> None:
+        """The lease moved on: drop what is pending and tell the producer to stop."""
+        self.lost = True
+        self._text.clear()
+        self._ready.clear()
+        if self._on_lost is not None:
+            self._on_lost()
 
     def restore(self, events: list[RunEvent]) -> None:
         """Put drained events back in front after a failed commit."""
@@ -101,12 +121,28 @@ class EventLog:
         self._urgent = asyncio.Event()
         self.commits = 0
 
-    def writer(self, run_id: UUID, task_id: UUID, workspace_id: UUID, last_seq: int) -> RunWriter:
-        """A writer for one run attempt, continuing after `last_seq`."""
-        return RunWriter(self, run_id, task_id, workspace_id, last_seq)
+    def writer(
+        self,
+        run_id: UUID,
+        task_id: UUID,
+        workspace_id: UUID,
+        last_seq: int,
+        *,
+        attempt: int | None = None,
+        on_lost: Callable[[], None] | None = None,
+    ) -> RunWriter:
+        """A writer for one run attempt, continuing after `last_seq`.
+
+        With `attempt` (a worker's delivery) every commit is fenced: once another attempt holds
+        the run, or it is no longer running, the writer's events are refused and `on_lost` is
+        called.
+        """
+        return RunWriter(self, run_id, task_id, workspace_id, last_seq, attempt, on_lost)
 
     def mark_dirty(self, writer: RunWriter, *, urgent: bool = False) -> None:
         """Note that a writer has events to commit; `urgent` skips the coalescing wait."""
+        if writer.lost:
+            return
         self._dirty.add(writer)
         if urgent:
             self._urgent.set()
@@ -179,38 +215,52 @@ class EventLog:
     async def _commit_once(self) -> None:
         writers, self._dirty = self._dirty, set()
         self._committing = frozenset(writers)
-        batch: list[RunEvent] = []
-        owners: list[UUID] = []
-        drained_upto: dict[RunWriter, int] = {}
+        drained: dict[RunWriter, list[RunEvent]] = {}
         done, self._cycle = self._cycle, asyncio.get_running_loop().create_future()
         try:
             for writer in writers:
                 events = writer.drain()
                 if events:
-                    drained_upto[writer] = events[-1].seq
-                batch.extend(events)
-                owners.extend([writer.workspace_id] * len(events))
-            if batch:
+                    drained[writer] = events
+            if drained:
+                lost: list[RunWriter] = []
                 try:
                     async with self._store.write() as conn:
+                        lost = await self._fence(conn, list(drained))
+                        for writer in lost:
+                            del drained[writer]
+                        batch = [e for events in drained.values() for e in events]
+                        owners = [w.workspace_id for w, events in drained.items() for _ in events]
                         await event_store.append(conn, batch, owners, self._clock())
                 except BaseException:
-                    self._requeue(writers, batch)
+                    self._requeue(drained)
                     raise
                 self.commits += 1
-                for writer, seq in drained_upto.items():
-                    writer.committed_seq = seq
+                for writer in lost:
+                    writer.fence_failed()
+                for writer, events in drained.items():
+                    writer.committed_seq = events[-1].seq
                 self._bus.publish(batch)
         finally:
             self._committing = frozenset()
             if not done.done():
                 done.set_result(None)
 
-    def _requeue(self, writers: set[RunWriter], batch: list[RunEvent]) -> None:
+    @staticmethod
+    async def _fence(conn: Connection, writers: list[RunWriter]) -> list[RunWriter]:
+        """The fenced writers whose attempt no longer holds its run (their events are refused).
+
+        On PostgreSQL the held runs stay share-locked until this commit, so no re-queue or
+        claim can slip in between the check and the insert.
+        """
+        fenced = [w for w in writers if w.attempt is not None]
+        if not fenced:
+            return []
+        held = await run_store.holders(conn, [w.run_id for w in fenced], lock=True)
+        return [w for w in fenced if held.get(w.run_id) != w.attempt]
+
+    def _requeue(self, drained: dict[RunWriter, list[RunEvent]]) -> None:
         # Put drained events back in front so order and seq survive a failed commit.
-        by_run: dict[UUID, list[RunEvent]] = {}
-        for ev in batch:
-            by_run.setdefault(ev.run_id, []).append(ev)
-        for writer in writers:
-            writer.restore(by_run.get(writer.run_id, []))
+        for writer, events in drained.items():
+            writer.restore(events)
             self._dirty.add(writer)

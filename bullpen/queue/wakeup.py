@@ -1,0 +1,136 @@
+"""Wake-ups: a run was enqueued, so idle workers should claim now rather than at their next poll.
+
+In one process (SQLite, or `bullpen up`) the API calls the worker directly. On PostgreSQL the
+API also sends `NOTIFY bullpen_runs` (throttled: at most one per `min_gap_s`, the last one
+always sent, so a burst of creates costs a few notifications, not one each) and every worker
+process LISTENs on its own connection. The worker's slow poll remains the safety net for a
+notification lost while a listener reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "bullpen_runs"
+
+
+def asyncpg_dsn(database_url: str) -> str:
+    """The plain libpq URL asyncpg takes, from Bullpen's SQLAlchemy URL."""
+    return database_url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+class Notifier:
+    """Sends throttled `NOTIFY bullpen_runs` after enqueues (PostgreSQL)."""
+
+    def __init__(self, dsn: str, *, min_gap_s: float = 0.002) -> None:
+        self._dsn = dsn
+        self._min_gap_s = min_gap_s
+        self._pending = False
+        self._last = 0.0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.sent = 0
+
+    def enqueued(self) -> None:
+        """Note an enqueue; a notification follows within `min_gap_s`."""
+        self._pending = True
+        self._wake.set()
+
+    async def __aenter__(self) -> Notifier:
+        self._task = asyncio.create_task(self._run(), name="bullpen-notify")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        conn: Any = None
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                gap = self._last + self._min_gap_s - time.monotonic()
+                if gap > 0:
+                    await asyncio.sleep(gap)
+                if not self._pending:
+                    continue
+                self._pending = False
+                try:
+                    if conn is None or conn.is_closed():
+                        conn = await asyncpg.connect(self._dsn)
+                    await conn.execute(f"NOTIFY {CHANNEL}")
+                    self.sent += 1
+                except (
+                    OSError,
+                    TimeoutError,
+                    asyncpg.PostgresError,
+                    asyncpg.InterfaceError,
+                ) as err:
+                    log.warning("could not notify workers (they will poll): %s", err)
+                    conn = None
+                    await asyncio.sleep(1.0)
+                self._last = time.monotonic()
+        finally:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+
+
+class Listener:
+    """Calls `on_wake` for every `NOTIFY bullpen_runs`; reconnects when the database returns."""
+
+    def __init__(self, dsn: str, on_wake: Callable[[], None]) -> None:
+        self._dsn = dsn
+        self._on_wake = on_wake
+        self._task: asyncio.Task[None] | None = None
+        self.connected = asyncio.Event()
+
+    async def __aenter__(self) -> Listener:
+        self._task = asyncio.create_task(self._run(), name="bullpen-listen")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def _notified(self, *_args: object) -> None:
+        self._on_wake()
+
+    async def _run(self) -> None:
+        while True:
+            conn: Any = None
+            try:
+                conn = await asyncpg.connect(self._dsn)
+                lost = asyncio.Event()
+                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
+                await conn.add_listener(CHANNEL, self._notified)
+                self.connected.set()
+                self._on_wake()  # anything enqueued while we were not listening
+                while not lost.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(30):
+                            await lost.wait()
+                    if not lost.is_set():
+                        await conn.execute("SELECT 1")  # notice a silently dropped connection
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as err:
+                log.warning("listening for enqueues failed (polling meanwhile): %s", err)
+            finally:
+                self.connected.clear()
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+            await asyncio.sleep(1.0)

@@ -1,0 +1,201 @@
+"""Fault tests of the run queue (TEST-PLAN, issue 4): real worker processes, real PostgreSQL.
+
+Workers are `bullpen worker` processes with their own simulated provider, a 2 s lease and fast
+retries; the test process seeds the queue and reads the ledger from the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import sqlalchemy as sa
+
+from bullpen.settings import Settings
+from bullpen.store.base import Store
+from bullpen.store.tables import runs
+from tests.faults.cluster import (
+    bootstrap,
+    enqueue,
+    insert_task_with_prompt,
+    ledger,
+    open_store,
+    wait_terminal,
+    worker_env,
+    workers,
+)
+
+pytestmark = [pytest.mark.parametrize("backend", ["postgres"]), pytest.mark.timeout(300)]
+LEASE_S = 2.0
+
+
+@pytest.fixture
+async def db(settings: Settings) -> AsyncIterator[Store]:
+    async with open_store(settings) as store:
+        yield store
+
+
+async def _held_by(store: Store, pid: int) -> list[object]:
+    async with store.read() as conn:
+        query = sa.select(runs.c.id).where(
+            runs.c.status == "running", runs.c.lease_owner.like(f"%:{pid}:%")
+        )
+        return list((await conn.execute(query)).scalars())
+
+
+async def _until(predicate: object, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not await predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def test_sigkill_storm_loses_and_duplicates_nothing(settings: Settings, db: Store) -> None:
+    """2,000 runs over 3 workers while a random worker is SIGKILLed (and replaced) every 2 s."""
+    boot = await bootstrap(db, settings)
+    with workers(worker_env(settings)) as pool:
+        pool.start(3)
+        task_ids = await enqueue(db, boot.workspace_id, boot.agent_id, 2000)
+        rng = random.Random(4)
+        kills = 0
+        storm_ends = time.monotonic() + 20
+        while time.monotonic() < storm_ends:
+            await asyncio.sleep(2)
+            alive = pool.alive()
+            if alive:
+                victim = rng.choice(alive)
+                victim.kill()
+                pool.collect(victim)
+                kills += 1
+                pool.start(1)
+        left = await wait_terminal(db, task_ids, LEASE_S + 60)
+        result = await ledger(db, task_ids)
+    assert kills >= 5
+    assert left == 0, f"{left} runs not terminal within lease + 60 s; {result.summary()}"
+    assert result.clean, result.summary()
+    assert any(a > 1 for a in result.attempts.values()), "no kill caught a run in flight"
+
+
+async def test_a_paused_workers_late_writes_are_refused(settings: Settings, db: Store) -> None:
+    """SIGSTOP a worker past its lease, SIGCONT it: the fence refuses what it writes late."""
+    boot = await bootstrap(db, settings)
+    env = worker_env(settings, sim_ttft_ms=1500, sim_tokens_per_second=50)
+    with workers(env) as pool:
+        (paused,) = pool.start(1)
+        task_ids = await enqueue(db, boot.workspace_id, boot.agent_id, 10)
+
+        async def holding() -> bool:
+            return len(await _held_by(db, paused.pid)) == 10
+
+        await _until(holding, 30, "the first worker to hold every run")
+        os.kill(paused.pid, signal.SIGSTOP)
+        pool.start(1)  # takes the runs over once the lease expires
+        left = await wait_terminal(db, task_ids, LEASE_S + 60)
+        os.kill(paused.pid, signal.SIGCONT)
+        await asyncio.sleep(LEASE_S + 2)  # its stream, renewal and finish all come late
+        paused.send_signal(signal.SIGTERM)
+        log = pool.collect(paused)
+        result = await ledger(db, task_ids)
+    assert left == 0, result.summary()
+    assert result.clean, result.summary()
+    assert all(a >= 2 for a in result.attempts.values()), result.attempts
+    assert "lease lost" in log or "result dropped" in log, log[-2000:]
+
+
+async def test_sigterm_lets_inflight_runs_finish_then_exits_0(
+    settings: Settings, db: Store
+) -> None:
+    """Drain with a long grace: no new claims; what runs finishes; exit 0."""
+    boot = await bootstrap(db, settings, agent_cap=3)
+    env = worker_env(settings, sim_ttft_ms=600, sim_tokens_per_second=40, drain_grace_s=20)
+    with workers(env) as pool:
+        (worker,) = pool.start(1)
+        task_ids = await enqueue(db, boot.workspace_id, boot.agent_id, 6)
+
+        async def three_running() -> bool:
+            return len(await _held_by(db, worker.pid)) == 3
+
+        await _until(three_running, 30, "three runs in flight")
+        held = set(await _held_by(db, worker.pid))
+        worker.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        pool.collect(worker)
+        took = time.monotonic() - started
+    assert worker.returncode == 0
+    assert took < 20
+    async with db.read() as conn:
+        rows = list(await conn.execute(sa.select(runs.c.id, runs.c.status, runs.c.attempt)))
+    finished = {r.id for r in rows if r.status == "done"}
+    assert finished == held  # the three in flight finished; nothing new was claimed
+    assert sorted(r.attempt for r in rows if r.id not in held) == [0, 0, 0]
+    assert len(task_ids) == 6
+
+
+async def test_sigterm_past_the_grace_releases_runs_to_another_worker(
+    settings: Settings, db: Store
+) -> None:
+    """Drain with a short grace: unfinished runs go back to the queue at once, unharmed."""
+    boot = await bootstrap(db, settings)
+    slow = worker_env(settings, sim_ttft_ms=30_000, drain_grace_s=0.5)
+    with workers(slow) as pool:
+        (worker,) = pool.start(1)
+        task_ids = await enqueue(db, boot.workspace_id, boot.agent_id, 5)
+
+        async def all_held() -> bool:
+            return len(await _held_by(db, worker.pid)) == 5
+
+        await _until(all_held, 30, "five runs in flight")
+        worker.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        pool.collect(worker)
+        took = time.monotonic() - started
+        async with db.read() as conn:
+            states = list(
+                await conn.execute(sa.select(runs.c.status, runs.c.failures, runs.c.lease_owner))
+            )
+        assert worker.returncode == 0 and took < LEASE_S + 5
+        # Released, not failed, and not waiting for the lease to expire.
+        assert [(s.status, s.failures, s.lease_owner) for s in states] == [("queued", 0, None)] * 5
+        pool.env = worker_env(settings)
+        pool.start(1)
+        left = await wait_terminal(db, task_ids, 60)
+        result = await ledger(db, task_ids)
+    assert left == 0 and result.clean, result.summary()
+    assert set(result.attempts.values()) == {2}
+
+
+async def test_a_poison_run_is_dead_lettered_while_good_runs_complete(
+    settings: Settings, db: Store
+) -> None:
+    """A run that kills its worker every time it starts ends `failed` after N attempts; 500
+    good runs complete (dead workers are replaced, as a supervisor would)."""
+    marker = "POISON-RUN-" + "x" * 8
+    boot = await bootstrap(db, settings)
+    env = worker_env(settings, fault_crash_marker=marker, max_attempts=4, worker_concurrency=16)
+    with workers(env) as pool:
+        pool.start(3)
+        async with db.write() as conn:
+            poison, _run = await insert_task_with_prompt(conn, boot, f"please {marker} now")
+        good = await enqueue(db, boot.workspace_id, boot.agent_id, 500)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for proc in list(pool.procs):
+                if proc.poll() is not None and proc.pid not in pool.collected:
+                    pool.collect(proc)
+                    pool.start(1)
+            if await wait_terminal(db, [poison.id, *good], 0) == 0:
+                break
+            await asyncio.sleep(0.2)
+        result = await ledger(db, good)
+        async with db.read() as conn:
+            row = (await conn.execute(sa.select(runs).where(runs.c.task_id == poison.id))).one()
+    assert result.clean, result.summary()
+    assert (row.status, row.failures, row.attempt) == ("failed", 4, 4)
+    assert row.error.startswith("dead-lettered after 4 failed attempts")
+    assert len(pool.logs) >= 4 and sum("crash marker" in log for log in pool.logs) == 4
