@@ -83,7 +83,7 @@ async def claim(
     now: datetime,
     lease: timedelta,
 ) -> list[ClaimedRun]:
-    """Take up to `limit` runs under a lease: by priority, round-robin across workspaces.
+    """Take up to `limit` runs under a lease: fairly across workspaces, then by priority.
 
     Only runs that are due (`available_at`), of active agents below their
     `max_concurrent_runs`, are taken. Each claim increments the run's attempt: the fence every
@@ -103,7 +103,14 @@ async def claim(
         .label("turn")
     )
     ranked = (
-        sa.select(runs.c.id, runs.c.agent_id, runs.c.priority, runs.c.queued_at, turn)
+        sa.select(
+            runs.c.id,
+            runs.c.workspace_id,
+            runs.c.agent_id,
+            runs.c.priority,
+            runs.c.queued_at,
+            turn,
+        )
         .select_from(runs.join(agents, agents.c.id == runs.c.agent_id))
         .where(
             runs.c.status == RunStatus.QUEUED.value,
@@ -112,12 +119,22 @@ async def claim(
         )
         .subquery("ranked")
     )
+    # Max-min fairness over execution slots: a workspace's k-th waiting run comes after every
+    # workspace's runs that would leave it with fewer runs in progress.
+    busy = (
+        sa.select(runs.c.workspace_id, sa.func.count().label("running"))
+        .where(runs.c.status == RunStatus.RUNNING.value)
+        .group_by(runs.c.workspace_id)
+        .subquery("busy")
+    )
+    share = ranked.c.turn + sa.func.coalesce(busy.c.running, 0)
     window = limit * _RANK_WINDOW
     candidates = list(
         await conn.execute(
             sa.select(ranked.c.id, ranked.c.agent_id)
+            .select_from(ranked.outerjoin(busy, busy.c.workspace_id == ranked.c.workspace_id))
             .where(ranked.c.turn <= window)
-            .order_by(ranked.c.turn, ranked.c.priority.desc(), ranked.c.queued_at, ranked.c.id)
+            .order_by(share, ranked.c.priority.desc(), ranked.c.queued_at, ranked.c.id)
             .limit(window)
         )
     )

@@ -10,13 +10,20 @@ import asyncio
 import os
 import random
 import signal
+import statistics
 import time
+import uuid
 from collections.abc import AsyncIterator
 
+import asyncpg
 import pytest
 import sqlalchemy as sa
 
+from bullpen.app import utcnow
+from bullpen.queue.wakeup import asyncpg_dsn
 from bullpen.settings import Settings
+from bullpen.store import agents as agent_store
+from bullpen.store import identity
 from bullpen.store.base import Store
 from bullpen.store.tables import runs
 from tests.faults.cluster import (
@@ -199,3 +206,87 @@ async def test_a_poison_run_is_dead_lettered_while_good_runs_complete(
     assert (row.status, row.failures, row.attempt) == ("failed", 4, 4)
     assert row.error.startswith("dead-lettered after 4 failed attempts")
     assert len(pool.logs) >= 4 and sum("crash marker" in log for log in pool.logs) == 4
+
+
+async def test_a_noisy_neighbour_does_not_stretch_another_workspaces_wait(
+    settings: Settings, db: Store
+) -> None:
+    """Workspace A submits 20× B's rate, more than the worker can run; B's median queue wait
+    stays within 1.5× of its wait when alone plus one run's duration.
+
+    Alone, B never waits for a slot (its wait is the claim latency, a few ms); crowded, every slot
+    is busy, and a run is never pre-empted, so B's run waits for the next slot to free: at most
+    one run's duration with fair claiming, A's whole backlog without it.
+    """
+    boot = await bootstrap(db, settings)
+    async with db.write() as conn:
+        ws_b = await identity.create_workspace(conn, name="B", slug="b", task_key="B", now=utcnow())
+        agent_b = await agent_store.create_agent(
+            conn,
+            workspace_id=ws_b,
+            name="b",
+            title="",
+            adapter="llm",
+            config={"provider": "simulated", "model": "sim-1"},
+            now=utcnow(),
+            max_concurrent_runs=1000,
+        )
+    env = worker_env(settings, worker_concurrency=8, sim_ttft_ms=60, poll_interval_s=5)
+    notify = await asyncpg.connect(asyncpg_dsn(str(settings.database_url)))
+    one_at_a_time = asyncio.Lock()  # the two submitters share the connection
+
+    async def submit(
+        ws: uuid.UUID, agent: uuid.UUID, per_s: float, seconds: float
+    ) -> list[uuid.UUID]:
+        ids: list[uuid.UUID] = []
+        ends = time.monotonic() + seconds
+        while time.monotonic() < ends:
+            ids.extend(await enqueue(db, ws, agent, 1))
+            async with one_at_a_time:
+                await notify.execute("NOTIFY bullpen_runs")
+            await asyncio.sleep(1 / per_s)
+        return ids
+
+    async def median_wait(ids: list[uuid.UUID]) -> float:
+        assert await wait_terminal(db, ids, 120) == 0
+        async with db.read() as conn:
+            rows = list(
+                await conn.execute(
+                    sa.select(runs.c.queued_at, runs.c.started_at).where(runs.c.task_id.in_(ids))
+                )
+            )
+        return statistics.median((r.started_at - r.queued_at).total_seconds() for r in rows)
+
+    try:
+        with workers(env) as pool:
+            pool.start(1)
+            await asyncio.sleep(3)  # the worker is up and listening
+            alone = await median_wait(await submit(ws_b, agent_b, 8, 4))
+            flood = asyncio.create_task(submit(boot.workspace_id, boot.agent_id, 160, 5))
+            await asyncio.sleep(1)  # A's backlog has built up
+            crowded = await median_wait(await submit(ws_b, agent_b, 8, 3))
+            flooded = await flood
+            async with db.read() as conn:
+                durations = [
+                    (r.finished_at - r.started_at).total_seconds()
+                    for r in await conn.execute(
+                        sa.select(runs.c.started_at, runs.c.finished_at).where(
+                            runs.c.workspace_id == boot.workspace_id, runs.c.status == "done"
+                        )
+                    )
+                ]
+                backlog = (
+                    await conn.execute(
+                        sa.select(sa.func.count()).where(
+                            runs.c.workspace_id == boot.workspace_id, runs.c.status == "queued"
+                        )
+                    )
+                ).scalar_one()
+    finally:
+        await notify.close()
+    run_s = statistics.median(durations)
+    figures = f"B's median wait {crowded:.3f} s crowded, {alone:.3f} s alone; a run {run_s:.3f} s"
+    print(f"noisy neighbour: {figures}; A's backlog {backlog}")
+    assert backlog > 50, "A's flood never exceeded what the worker could run"
+    assert len(flooded) > 400
+    assert crowded <= 1.5 * alone + run_s, figures
