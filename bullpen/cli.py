@@ -123,15 +123,18 @@ def worker(
 ) -> None:
     """Run a worker process (no API): claim and execute runs until SIGTERM, then drain.
 
-    On SIGTERM or SIGINT it stops claiming, lets in-flight runs finish for
+    While the database is unreachable at start it waits for it. On SIGTERM or SIGINT it stops
+    claiming, lets in-flight runs finish for
     BULLPEN_DRAIN_GRACE_S, releases what still runs back to the queue and exits 0. Run several
     per machine, and on PostgreSQL on any number of machines.
     """
     import asyncio
+    import contextlib
     import signal
 
     from bullpen import logs
     from bullpen.app import build
+    from bullpen.errors import Unavailable
 
     logs.configure()
     settings = _settings(
@@ -143,16 +146,22 @@ def worker(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        async with build(settings) as services:
-            assert services.worker is not None
-            console.print(
-                f"worker {services.worker.owner} ready "
-                f"({settings.worker_concurrency} at once, lease {settings.lease_s:g} s)",
-                highlight=False,
-            )
-            await stop.wait()
-            console.print("draining", highlight=False)
-            await services.worker.drain(settings.drain_grace_s)
+        while not stop.is_set():
+            try:
+                async with build(settings) as services:
+                    assert services.worker is not None
+                    console.print(
+                        f"worker {services.worker.owner} ready "
+                        f"({settings.worker_concurrency} at once, lease {settings.lease_s:g} s)",
+                        highlight=False,
+                    )
+                    await stop.wait()
+                    console.print("draining", highlight=False)
+                    await services.worker.drain(settings.drain_grace_s)
+            except Unavailable as err:  # not up yet, or restarting: wait for it, do not exit
+                console.print(f"waiting for the database: {err.detail}", highlight=False)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
         console.print("worker stopped", highlight=False)
 
     uvloop.run(run())

@@ -126,8 +126,8 @@ class Listener:
                             await lost.wait()
                     if not lost.is_set():
                         await conn.execute("SELECT 1")  # notice a silently dropped connection
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as err:
-                log.warning("listening for enqueues failed (polling meanwhile): %s", err)
+            except Exception as err:  # whatever broke, listen again: the poll covers the gap
+                log.warning("listening for enqueues failed (polling meanwhile): %r", err)
             finally:
                 self.connected.clear()
                 if conn is not None:

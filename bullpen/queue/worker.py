@@ -170,6 +170,9 @@ class Worker:
                         )
                 except BullpenError as err:
                     log.warning("claim failed: %s", err.detail)
+                except Exception:  # the loop must outlive any one failure
+                    log.exception("claim failed unexpectedly")
+                    await asyncio.sleep(1.0)
             for run in claimed:
                 task = asyncio.create_task(self._execute(run), name=f"bullpen-run-{run.id}")
                 self._inflight[run.id] = task
@@ -211,6 +214,9 @@ class Worker:
             except BullpenError as err:
                 log.warning("lease renewal failed: %s", err.detail)
                 continue
+            except Exception:
+                log.exception("lease renewal failed unexpectedly")
+                continue
             for h in lost:
                 self._lost(h.run_id)
             self._after_redelivery(reaped)
@@ -239,6 +245,9 @@ class Worker:
                     asked = await run_store.cancel_requested(conn, list(self._inflight))
             except BullpenError as err:
                 log.warning("cancel check failed: %s", err.detail)
+                continue
+            except Exception:
+                log.exception("cancel check failed unexpectedly")
                 continue
             for run_id in asked:
                 if run_id not in self._stops:

@@ -31,6 +31,19 @@ from bullpen.errors import BullpenError, Unavailable
 log = logging.getLogger(__name__)
 
 _UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError, OSError)
+# SQLSTATE classes meaning "the server is away or going away", whatever the driver's error
+# class: 08 connection exception, 57P01–57P03 shut down / crashed / starting up.
+_UNAVAILABLE_SQLSTATES = ("08", "57P01", "57P02", "57P03")
+
+
+def _unavailable(err: exc.DBAPIError) -> bool:
+    """Whether a driver error means the database is (momentarily) unreachable."""
+    if isinstance(err, _UNAVAILABLE) or err.connection_invalidated:
+        return True
+    state = getattr(err.orig, "sqlstate", None) or getattr(err.orig, "pgcode", None)
+    return isinstance(state, str) and state.startswith(_UNAVAILABLE_SQLSTATES)
+
+
 _CHECKPOINT_EVERY_S = 2.0
 # Execution option marking SQLite write transactions: the engine begins them IMMEDIATE.
 WRITE_OPTION = "bullpen_write"
@@ -128,6 +141,10 @@ class Store:
                 yield conn
         except _UNAVAILABLE as err:
             raise Unavailable("the database is unreachable; retry shortly", retry_after=1) from err
+        except exc.DBAPIError as err:
+            if not _unavailable(err):
+                raise
+            raise Unavailable("the database is unreachable; retry shortly", retry_after=1) from err
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[Connection]:
@@ -147,6 +164,10 @@ class Store:
                     _AMBIENT.reset(token)
                     callbacks = tx.after_commit
         except _UNAVAILABLE as err:
+            raise Unavailable("the database is unreachable; retry shortly", retry_after=1) from err
+        except exc.DBAPIError as err:
+            if not _unavailable(err):
+                raise
             raise Unavailable("the database is unreachable; retry shortly", retry_after=1) from err
         for callback in callbacks:
             callback()
@@ -180,7 +201,9 @@ class Store:
                     return fn(sync_conn)
             async with self.engine.begin() as conn:
                 return await conn.run_sync(fn)
-        except _UNAVAILABLE as err:
+        except (*_UNAVAILABLE, exc.DBAPIError) as err:
+            if isinstance(err, exc.DBAPIError) and not _unavailable(err):
+                raise
             raise Unavailable(f"the database is unreachable: {type(err).__name__}") from err
 
     def pool_status(self) -> tuple[int, int]:

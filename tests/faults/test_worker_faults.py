@@ -7,14 +7,19 @@ retries; the test process seeds the queue and reads the ledger from the database
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import random
 import signal
 import statistics
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
 
+import aiohttp
 import asyncpg
 import pytest
 import sqlalchemy as sa
@@ -25,7 +30,8 @@ from bullpen.settings import Settings
 from bullpen.store import agents as agent_store
 from bullpen.store import identity
 from bullpen.store.base import Store
-from bullpen.store.tables import runs
+from bullpen.store.tables import runs, tasks
+from tests.acceptance.processes import free_port, wait_until_listening
 from tests.faults.cluster import (
     bootstrap,
     enqueue,
@@ -290,3 +296,112 @@ async def test_a_noisy_neighbour_does_not_stretch_another_workspaces_wait(
     assert backlog > 50, "A's flood never exceeded what the worker could run"
     assert len(flooded) > 400
     assert crowded <= 1.5 * alone + run_s, figures
+
+
+def _postgres(action: str) -> None:
+    """Stop (immediately, as a crash would) or start the local PostgreSQL cluster."""
+    (version,) = os.listdir("/etc/postgresql")
+    command = ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action]
+    if action == "stop":
+        command += ["-m", "immediate"]
+    subprocess.run(command, check=True, capture_output=True, timeout=60)
+
+
+def _postgres_up() -> None:
+    """Make sure the cluster runs again whatever happened (other tests need it)."""
+    with contextlib.suppress(subprocess.CalledProcessError):
+        _postgres("start")  # fails when it already runs
+
+
+async def test_postgres_restarts_under_load_lose_nothing(settings: Settings, db: Store) -> None:
+    """PostgreSQL goes away twice while clients create tasks and workers run them: the API
+    answers 503 problem+json meanwhile (never a 500), clients retry with their Idempotency-Key,
+    and every created task completes exactly once without anyone restarting Bullpen."""
+    boot = await bootstrap(db, settings)
+    env = worker_env(settings)
+    api_env = {
+        **env,
+        "BULLPEN_WORKER_ENABLED": "false",
+        "BULLPEN_RATE_LIMIT_KEY_RPS": "100000",
+        "BULLPEN_RATE_LIMIT_KEY_BURST": "100000",
+        "BULLPEN_RATE_LIMIT_WORKSPACE_RPS": "100000",
+        "BULLPEN_RATE_LIMIT_WORKSPACE_BURST": "100000",
+    }
+    port = free_port()
+    api = subprocess.Popen(
+        [sys.executable, "-m", "bullpen", "up", "--quiet", "--port", str(port)],
+        env=api_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    statuses: list[int] = []
+    bad_answers: list[str] = []
+    created: set[str] = set()
+    creating = True
+
+    async def creator(http: aiohttp.ClientSession) -> None:
+        body = {"prompt": "Summarise the quarterly numbers", "agent_id": str(boot.agent_id)}
+        while creating:
+            key = str(uuid.uuid4())
+            while True:  # the same key until the create is known to have happened
+                try:
+                    async with http.post(
+                        f"{base}/api/v1/tasks",
+                        json=body,
+                        headers={"Authorization": f"Bearer {boot.api_key}", "Idempotency-Key": key},
+                    ) as resp:
+                        text = await resp.text()
+                        statuses.append(resp.status)
+                        if resp.status == 201:
+                            created.add(json.loads(text)["id"])
+                            break
+                        ok_problem = (
+                            resp.status in (409, 503)
+                            and resp.headers.get("Content-Type") == "application/problem+json"
+                            and "Traceback" not in text
+                        )
+                        if not ok_problem:
+                            bad_answers.append(f"{resp.status} {text[:300]}")
+                except aiohttp.ClientError as err:
+                    bad_answers.append(f"connection: {err!r}")
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(0.02)
+
+    try:
+        wait_until_listening(port, api)
+        with workers(env) as pool:
+            pool.start(2)
+            async with aiohttp.ClientSession() as http:
+                clients = [asyncio.create_task(creator(http)) for _ in range(4)]
+                try:
+                    for _ in range(2):
+                        await asyncio.sleep(3)
+                        _postgres("stop")
+                        await asyncio.sleep(3)
+                        _postgres("start")
+                    await asyncio.sleep(4)
+                finally:
+                    _postgres_up()
+                    creating = False
+                    await asyncio.gather(*clients)
+            await db.engine.dispose()  # our own pooled connections died with the server
+            task_ids = [uuid.UUID(t) for t in created]
+            left = await wait_terminal(db, task_ids, LEASE_S + 60)
+            result = await ledger(db, task_ids)
+            async with db.read() as conn:
+                stored = (
+                    await conn.execute(sa.select(sa.func.count()).select_from(tasks))
+                ).scalar_one()
+    finally:
+        if api.poll() is None:
+            api.terminate()
+        _, api_log = api.communicate(timeout=30)
+    assert not bad_answers, bad_answers[:5]
+    assert 503 in statuses, "the outages were never seen by the API"
+    assert len(created) > 50 and stored == len(created)  # no duplicate from a retried key
+    worker_logs = "\n".join(log[-3000:] for log in pool.logs)
+    assert left == 0 and result.clean, f"{result.summary()}\n{worker_logs}"
+    assert "Traceback" not in api_log, api_log[-3000:]
+    assert "Traceback" not in worker_logs, worker_logs
