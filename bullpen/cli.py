@@ -284,15 +284,27 @@ def bench(
         float, typer.Option(help="[create] Warm-up seconds before each round.")
     ] = 3.0,
     rounds: Annotated[int, typer.Option(help="[create] Rounds per server.")] = 3,
+    runs: Annotated[
+        int, typer.Option(help="[queue] Runs enqueued for each throughput measurement.")
+    ] = 5000,
+    workers: Annotated[
+        str,
+        typer.Option(help="[queue] Worker process counts to measure, e.g. 1,2,4 (SQLite: 1)."),
+    ] = "1,2,4",
+    samples: Annotated[
+        int, typer.Option(help="[queue] Runs enqueued one at a time for the latency.")
+    ] = 200,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON, no progress bar.")] = False,
 ) -> None:
-    """Load tests: the reference scenario (default) or create throughput (--scenario create)."""
+    """Load tests: the reference scenario (default), create throughput (--scenario create) or
+    the run queue (--scenario queue: runs/s per worker count, claim latency, noisy neighbour)."""
     only: dict[str, tuple[str, ...]] = {
         "reference": ("url", "api_key", "agent_id", "scale", "peak", "hold", "think", "sim"),
         "create": ("baseline_ref", "concurrency", "duration", "warmup", "rounds"),
+        "queue": ("runs", "workers", "samples"),
     }
     if scenario not in only:
-        raise typer.BadParameter("--scenario must be reference or create")
+        raise typer.BadParameter("--scenario must be reference, create or queue")
     if backend not in ("sqlite", "postgres"):
         raise typer.BadParameter("--backend must be sqlite or postgres")
     for other, names in only.items():
@@ -312,6 +324,11 @@ def bench(
             warmup=warmup,
             rounds=rounds,
             as_json=as_json,
+        )
+        return
+    if scenario == "queue":
+        _bench_queue(
+            backend, pg_url=pg_url, runs=runs, workers=workers, samples=samples, as_json=as_json
         )
         return
 
@@ -406,6 +423,44 @@ def _bench_create(
         print(json.dumps(comparison.as_dict()), flush=True)
     else:
         Console(width=max(Console().width, 110)).print(render_create_table(comparison))
+
+
+def _bench_queue(
+    backend: str, *, pg_url: str, runs: int, workers: str, samples: int, as_json: bool
+) -> None:
+    """`bullpen bench --scenario queue`: the run queue with real worker processes."""
+    from bullpen.bench.runqueue import queue_report_json, queue_report_lines, run_queue_bench
+
+    try:
+        counts = [int(part) for part in workers.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter("--workers must be a comma-separated list of counts") from None
+    if not counts or min(counts) < 1 or runs < 1 or samples < 1:
+        raise typer.BadParameter("--workers counts, --runs and --samples must be >= 1")
+    if backend == "sqlite" and counts != [1]:
+        if workers != "1,2,4":
+            raise typer.BadParameter("SQLite has one worker process (one writer): --workers 1")
+        counts = [1]
+
+    def step(line: str) -> None:
+        if not as_json:
+            console.print(line, highlight=False)
+
+    report = uvloop.run(
+        run_queue_bench(
+            backend,  # type: ignore[arg-type]
+            runs_total=runs,
+            worker_counts=counts,
+            samples=samples,
+            pg_admin_url=pg_url,
+            on_step=step,
+        )
+    )
+    if as_json:
+        print(json.dumps(queue_report_json(report, backend)), flush=True)  # type: ignore[arg-type]
+    else:
+        for line in queue_report_lines(report, backend):  # type: ignore[arg-type]
+            print(line, flush=True)
 
 
 def main() -> None:

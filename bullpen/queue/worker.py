@@ -313,6 +313,9 @@ class Worker:
         except BullpenError as err:
             log.warning("could not record the end of run %s: %s", run.id, err.detail)
             return
+        except Exception:  # its lease expires and the run is delivered again
+            log.exception("could not record the end of run %s", run.id)
+            return
         if applied:
             self.completed += 1
         else:

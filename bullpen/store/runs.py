@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -9,10 +10,11 @@ from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 from bullpen.domain.status import RunStatus, TaskStatus
 from bullpen.store.base import Connection
-from bullpen.store.tables import agents, runs, tasks
+from bullpen.store.tables import agents, runs, tasks, workspaces
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +74,6 @@ class Held:
 
 # PostgreSQL: one claimer at a time (per database), so fairness and per-agent caps are exact.
 _CLAIM_LOCK = 0x6270_636C  # "bpcl"
-_RANK_WINDOW = 4  # candidates read per free slot, so capped agents can be skipped
 
 
 async def claim(
@@ -94,60 +95,7 @@ async def claim(
     postgres = conn.dialect.name == "postgresql"
     if postgres:
         await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_CLAIM_LOCK)))
-    turn = (
-        sa.func.row_number()
-        .over(
-            partition_by=runs.c.workspace_id,
-            order_by=(runs.c.priority.desc(), runs.c.queued_at, runs.c.id),
-        )
-        .label("turn")
-    )
-    ranked = (
-        sa.select(
-            runs.c.id,
-            runs.c.workspace_id,
-            runs.c.agent_id,
-            runs.c.priority,
-            runs.c.queued_at,
-            turn,
-        )
-        .select_from(runs.join(agents, agents.c.id == runs.c.agent_id))
-        .where(
-            runs.c.status == RunStatus.QUEUED.value,
-            sa.or_(runs.c.available_at.is_(None), runs.c.available_at <= now),
-            agents.c.status == "active",
-        )
-        .subquery("ranked")
-    )
-    # Max-min fairness over execution slots: a workspace's k-th waiting run comes after every
-    # workspace's runs that would leave it with fewer runs in progress.
-    busy = (
-        sa.select(runs.c.workspace_id, sa.func.count().label("running"))
-        .where(runs.c.status == RunStatus.RUNNING.value)
-        .group_by(runs.c.workspace_id)
-        .subquery("busy")
-    )
-    share = ranked.c.turn + sa.func.coalesce(busy.c.running, 0)
-    window = limit * _RANK_WINDOW
-    candidates = list(
-        await conn.execute(
-            sa.select(ranked.c.id, ranked.c.agent_id)
-            .select_from(ranked.outerjoin(busy, busy.c.workspace_id == ranked.c.workspace_id))
-            .where(ranked.c.turn <= window)
-            .order_by(share, ranked.c.priority.desc(), ranked.c.queued_at, ranked.c.id)
-            .limit(window)
-        )
-    )
-    if not candidates:
-        return []
-    free = await _agent_slots(conn, {row.agent_id for row in candidates})
-    chosen: list[UUID] = []
-    for row in candidates:
-        if free.get(row.agent_id, 0) > 0:
-            free[row.agent_id] -= 1
-            chosen.append(row.id)
-            if len(chosen) == limit:
-                break
+    chosen = await _fair_pick(conn, limit=limit, now=now, postgres=postgres)
     if not chosen:
         return []
     target = sa.select(runs.c.id).where(
@@ -217,21 +165,125 @@ async def claim(
     return sorted(found, key=lambda run: order[run.id])
 
 
-async def _agent_slots(conn: Connection, agent_ids: set[UUID]) -> dict[UUID, int]:
-    """How many more runs each agent may start now (its cap minus its running runs)."""
-    running = sa.func.count(runs.c.id)
-    busy = {
-        row.agent_id: int(row.n)
+async def _fair_pick(conn: Connection, *, limit: int, now: datetime, postgres: bool) -> list[UUID]:
+    """Which queued runs to claim next, without reading more of the queue than it needs.
+
+    Max-min fairness over execution slots: the next run goes to the workspace with the fewest
+    runs in progress (counting those picked in this claim), its best run by priority and age.
+    Runs of paused agents, of agents at their `max_concurrent_runs`, and retries still backing
+    off are skipped. Each workspace's candidates come from an index range scan of at most
+    `limit` rows, so a claim's cost grows with the number of workspaces waiting, not with the
+    length of the queue.
+    """
+    busy = list(
+        await conn.execute(
+            sa.select(
+                runs.c.workspace_id,
+                runs.c.agent_id,
+                agents.c.max_concurrent_runs,
+                sa.func.count().label("running"),
+            )
+            .select_from(runs.join(agents, agents.c.id == runs.c.agent_id))
+            .where(runs.c.status == RunStatus.RUNNING.value)
+            .group_by(runs.c.workspace_id, runs.c.agent_id, agents.c.max_concurrent_runs)
+        )
+    )
+    in_progress: dict[UUID, int] = {}
+    agent_free: dict[UUID, int] = {}
+    for row in busy:
+        in_progress[row.workspace_id] = in_progress.get(row.workspace_id, 0) + int(row.running)
+        agent_free[row.agent_id] = int(row.max_concurrent_runs) - int(row.running)
+    full = [agent_id for agent_id, free in agent_free.items() if free <= 0]
+    waiting = (
+        sa.select(runs.c.id)
+        .where(runs.c.status == RunStatus.QUEUED.value, runs.c.workspace_id == workspaces.c.id)
+        .exists()
+    )
+    workspace_ids = list((await conn.execute(sa.select(workspaces.c.id).where(waiting))).scalars())
+    if not workspace_ids:
+        return []
+    candidates = await _candidates(
+        conn, workspace_ids, full, limit=limit, now=now, postgres=postgres
+    )
+    queues: dict[UUID, list[Any]] = {}
+    for row in candidates:
+        queues.setdefault(row.workspace_id, []).append(row)
+    caps = {
+        row.id: int(row.max_concurrent_runs)
         for row in await conn.execute(
-            sa.select(runs.c.agent_id, running.label("n"))
-            .where(runs.c.status == RunStatus.RUNNING.value, runs.c.agent_id.in_(agent_ids))
-            .group_by(runs.c.agent_id)
+            sa.select(agents.c.id, agents.c.max_concurrent_runs).where(
+                agents.c.id.in_({row.agent_id for row in candidates})
+            )
         )
     }
-    caps = await conn.execute(
-        sa.select(agents.c.id, agents.c.max_concurrent_runs).where(agents.c.id.in_(agent_ids))
-    )
-    return {row.id: max(0, int(row.max_concurrent_runs) - busy.get(row.id, 0)) for row in caps}
+    for agent_id, cap in caps.items():
+        agent_free.setdefault(agent_id, cap)
+    # (runs in progress, best priority first, oldest first, workspace) per workspace's head.
+    heap = [
+        (in_progress.get(ws, 0), -rows[0].priority, rows[0].queued_at, ws)
+        for ws, rows in queues.items()
+    ]
+    heapq.heapify(heap)
+    chosen: list[UUID] = []
+    while heap and len(chosen) < limit:
+        share, _, _, ws = heapq.heappop(heap)
+        rows = queues[ws]
+        while rows and agent_free.get(rows[0].agent_id, 0) <= 0:
+            rows.pop(0)  # its agent is at its cap
+        if not rows:
+            continue
+        row = rows.pop(0)
+        agent_free[row.agent_id] -= 1
+        chosen.append(row.id)
+        if rows:
+            heapq.heappush(heap, (share + 1, -rows[0].priority, rows[0].queued_at, ws))
+    return chosen
+
+
+async def _candidates(
+    conn: Connection,
+    workspace_ids: list[UUID],
+    full_agents: list[UUID],
+    *,
+    limit: int,
+    now: datetime,
+    postgres: bool,
+) -> list[Any]:
+    """Up to `limit` claimable runs per workspace, best first (priority, then age)."""
+
+    def head(workspace: Any) -> sa.Select[Any]:
+        query = (
+            sa.select(
+                runs.c.id, runs.c.workspace_id, runs.c.agent_id, runs.c.priority, runs.c.queued_at
+            )
+            .select_from(runs.join(agents, agents.c.id == runs.c.agent_id))
+            .where(
+                runs.c.status == RunStatus.QUEUED.value,
+                runs.c.workspace_id == workspace,
+                sa.or_(runs.c.available_at.is_(None), runs.c.available_at <= now),
+                agents.c.status == "active",
+            )
+            .order_by(runs.c.priority.desc(), runs.c.queued_at, runs.c.id)
+            .limit(limit)
+        )
+        if full_agents:
+            query = query.where(runs.c.agent_id.not_in(full_agents))
+        return query
+
+    if postgres:  # one round trip: a LATERAL range scan per workspace
+        wanted = (
+            sa.func.unnest(sa.cast(workspace_ids, postgresql.ARRAY(sa.Uuid)))
+            .table_valued("id")
+            .render_derived(name="wanted")
+        )
+        lateral = head(wanted.c.id).lateral("head")
+        return list(
+            await conn.execute(sa.select(lateral).select_from(wanted.join(lateral, sa.true())))
+        )
+    rows: list[Any] = []
+    for workspace_id in workspace_ids:  # SQLite runs in-process: a query each is cheap
+        rows.extend(await conn.execute(head(workspace_id)))
+    return rows
 
 
 async def renew(
@@ -429,44 +481,76 @@ async def release(conn: Connection, held: list[Held], *, now: datetime) -> int:
     return released
 
 
+_FINISH_RUN = (
+    runs.update()
+    .where(
+        runs.c.id == sa.bindparam("b_run_id"),
+        runs.c.attempt == sa.bindparam("b_attempt"),
+        runs.c.status == RunStatus.RUNNING.value,
+    )
+    .values(
+        {
+            name: sa.bindparam(f"b_{name}", type_=runs.c[name].type)
+            for name in (
+                "status",
+                "finished_at",
+                "first_token_at",
+                "ttft_ms",
+                "provider",
+                "model",
+                "input_tokens",
+                "output_tokens",
+                "error",
+            )
+        }
+        | {"lease_owner": None, "lease_expires_at": None}
+    )
+    .returning(runs.c.task_id)
+)
+_FINISH_TASK = (
+    tasks.update()
+    .where(tasks.c.id == sa.bindparam("b_task_id"))
+    .values(
+        status=sa.bindparam("b_status"),
+        result=sa.bindparam("b_result"),
+        error=sa.bindparam("b_error"),
+        updated_at=sa.bindparam("b_now", type_=tasks.c.updated_at.type),
+    )
+)
+
+
 async def finish(
     conn: Connection, *, run_id: UUID, attempt: int, outcome: RunOutcome, now: datetime
 ) -> bool:
     """Record a run's end and its task's, only if this attempt still holds it."""
     result = await conn.execute(
-        runs.update()
-        .where(
-            runs.c.id == run_id,
-            runs.c.attempt == attempt,
-            runs.c.status == RunStatus.RUNNING.value,
-        )
-        .values(
-            status=outcome.status.value,
-            finished_at=now,
-            first_token_at=outcome.first_token_at,
-            ttft_ms=outcome.ttft_ms,
-            provider=outcome.provider,
-            model=outcome.model,
-            input_tokens=outcome.input_tokens,
-            output_tokens=outcome.output_tokens,
-            error=outcome.error,
-            lease_owner=None,
-            lease_expires_at=None,
-        )
-        .returning(runs.c.task_id)
+        _FINISH_RUN,
+        {
+            "b_run_id": run_id,
+            "b_attempt": attempt,
+            "b_status": outcome.status.value,
+            "b_finished_at": now,
+            "b_first_token_at": outcome.first_token_at,
+            "b_ttft_ms": outcome.ttft_ms,
+            "b_provider": outcome.provider,
+            "b_model": outcome.model,
+            "b_input_tokens": outcome.input_tokens,
+            "b_output_tokens": outcome.output_tokens,
+            "b_error": outcome.error,
+        },
     )
     task_id = result.scalar_one_or_none()
     if task_id is None:
         return False
     await conn.execute(
-        tasks.update()
-        .where(tasks.c.id == task_id)
-        .values(
-            status=TaskStatus(outcome.status.value).value,
-            result=outcome.result,
-            error=outcome.error,
-            updated_at=now,
-        )
+        _FINISH_TASK,
+        {
+            "b_task_id": task_id,
+            "b_status": TaskStatus(outcome.status.value).value,
+            "b_result": outcome.result,
+            "b_error": outcome.error,
+            "b_now": now,
+        },
     )
     return True
 

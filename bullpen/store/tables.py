@@ -202,8 +202,9 @@ runs = sa.Table(
     sa.Column("cancel_requested_at", UTCDateTime),
     sa.Index("ix_runs_task_id", "task_id"),
     sa.Index("ix_runs_status_queued", "status", "queued_at"),
+    # Each workspace's queue head in claim order: a range scan, whatever the queue's length.
     sa.Index(
-        "ix_runs_status_workspace_priority", "status", "workspace_id", "priority", "queued_at"
+        "ix_runs_queue_head", "status", "workspace_id", sa.desc("priority"), "queued_at", "id"
     ),
     sa.Index("ix_runs_status_lease", "status", "lease_expires_at"),
 )

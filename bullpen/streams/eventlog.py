@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -105,6 +106,17 @@ class RunWriter:
             self._ready.append(self._event(EventKind.TEXT, {"text": text}))
 
 
+@dataclass(slots=True)
+class _Final:
+    """A run's last event, waiting to commit with its final state change."""
+
+    writer: RunWriter
+    kind: EventKind
+    data: dict[str, Any]
+    change: Callable[[Connection], Awaitable[bool]]
+    done: asyncio.Future[bool]
+
+
 class EventLog:
     """Owns the flusher task that commits all runs' pending events together."""
 
@@ -119,6 +131,7 @@ class EventLog:
         self._task: asyncio.Task[None] | None = None
         self._committing: frozenset[RunWriter] = frozenset()
         self._urgent = asyncio.Event()
+        self._finals: list[_Final] = []
         self.commits = 0
 
     def writer(
@@ -161,17 +174,17 @@ class EventLog:
         data: dict[str, Any],
         change: Callable[[Connection], Awaitable[bool]],
     ) -> bool:
-        """Commit the run's last event with its final state change, then publish it."""
-        await self.flush(writer)
-        event = writer.final(kind, data)
-        async with self._store.write() as conn:
-            applied = await change(conn)
-            if applied:
-                await event_store.append(conn, [event], [writer.workspace_id], self._clock())
-        if applied:
-            writer.committed_seq = event.seq
-            self._bus.publish([event])
-        return applied
+        """Commit the run's last event with its final state change, then publish it.
+
+        The final joins the next group commit: after the writer's pending events, in the same
+        transaction as other runs' events and finals (one commit for many runs' ends). `change`
+        returns False to refuse (a fenced attempt): then nothing of the final is stored.
+        """
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._finals.append(_Final(writer, kind, data, change, done))
+        self._dirty.add(writer)
+        self._wake.set()
+        return await done
 
     async def __aenter__(self) -> EventLog:
         self._task = asyncio.create_task(self._run(), name="bullpen-eventlog")
@@ -185,7 +198,7 @@ class EventLog:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        if self._dirty:
+        if self._dirty or self._finals:
             await self._commit_once()
 
     def _inflight(self, writer: RunWriter) -> bool:
@@ -214,6 +227,7 @@ class EventLog:
 
     async def _commit_once(self) -> None:
         writers, self._dirty = self._dirty, set()
+        finals, self._finals = self._finals, []
         self._committing = frozenset(writers)
         drained: dict[RunWriter, list[RunEvent]] = {}
         done, self._cycle = self._cycle, asyncio.get_running_loop().create_future()
@@ -222,25 +236,48 @@ class EventLog:
                 events = writer.drain()
                 if events:
                     drained[writer] = events
-            if drained:
-                lost: list[RunWriter] = []
-                try:
-                    async with self._store.write() as conn:
-                        lost = await self._fence(conn, list(drained))
-                        for writer in lost:
-                            del drained[writer]
-                        batch = [e for events in drained.values() for e in events]
-                        owners = [w.workspace_id for w, events in drained.items() for _ in events]
-                        await event_store.append(conn, batch, owners, self._clock())
-                except BaseException:
-                    self._requeue(drained)
-                    raise
-                self.commits += 1
-                for writer in lost:
-                    writer.fence_failed()
-                for writer, events in drained.items():
-                    writer.committed_seq = events[-1].seq
-                self._bus.publish(batch)
+            if not drained and not finals:
+                return
+            lost: list[RunWriter] = []
+            applied: list[tuple[_Final, RunEvent]] = []
+            try:
+                async with self._store.write() as conn:
+                    lost = await self._fence(conn, list(drained))
+                    for writer in lost:
+                        del drained[writer]
+                    batch = [e for events in drained.values() for e in events]
+                    owners = [w.workspace_id for w, events in drained.items() for _ in events]
+                    await event_store.append(conn, batch, owners, self._clock())
+                    for final in finals:
+                        if final.writer.lost or final.writer in lost:
+                            continue
+                        event = final.writer.final(final.kind, final.data)
+                        if await final.change(conn):
+                            applied.append((final, event))
+                    await event_store.append(
+                        conn,
+                        [event for _, event in applied],
+                        [final.writer.workspace_id for final, _ in applied],
+                        self._clock(),
+                    )
+            except BaseException as err:
+                self._requeue(drained)
+                for final in finals:
+                    if not final.done.done():
+                        final.done.set_exception(err)
+                raise
+            self.commits += 1
+            for writer in lost:
+                writer.fence_failed()
+            for writer, events in drained.items():
+                writer.committed_seq = events[-1].seq
+            ended = [event for _, event in applied]
+            for final, event in applied:
+                final.writer.committed_seq = event.seq
+            self._bus.publish(batch + ended)
+            chosen = {id(final) for final, _ in applied}
+            for final in finals:
+                final.done.set_result(id(final) in chosen)
         finally:
             self._committing = frozenset()
             if not done.done():

@@ -12,7 +12,6 @@ import json
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -20,12 +19,11 @@ import uuid
 from collections.abc import AsyncIterator
 
 import aiohttp
-import asyncpg
 import pytest
 import sqlalchemy as sa
 
 from bullpen.app import utcnow
-from bullpen.queue.wakeup import asyncpg_dsn
+from bullpen.bench.runqueue import noisy_neighbour
 from bullpen.settings import Settings
 from bullpen.store import agents as agent_store
 from bullpen.store import identity
@@ -222,7 +220,8 @@ async def test_a_noisy_neighbour_does_not_stretch_another_workspaces_wait(
 
     Alone, B never waits for a slot (its wait is the claim latency, a few ms); crowded, every slot
     is busy, and a run is never pre-empted, so B's run waits for the next slot to free: at most
-    one run's duration with fair claiming, A's whole backlog without it.
+    one run's duration with fair claiming, A's whole backlog without it (1.35 s when claims were
+    made FIFO).
     """
     boot = await bootstrap(db, settings)
     async with db.write() as conn:
@@ -238,64 +237,25 @@ async def test_a_noisy_neighbour_does_not_stretch_another_workspaces_wait(
             max_concurrent_runs=1000,
         )
     env = worker_env(settings, worker_concurrency=8, sim_ttft_ms=60, poll_interval_s=5)
-    notify = await asyncpg.connect(asyncpg_dsn(str(settings.database_url)))
-    one_at_a_time = asyncio.Lock()  # the two submitters share the connection
+    with workers(env) as pool:
 
-    async def submit(
-        ws: uuid.UUID, agent: uuid.UUID, per_s: float, seconds: float
-    ) -> list[uuid.UUID]:
-        ids: list[uuid.UUID] = []
-        ends = time.monotonic() + seconds
-        while time.monotonic() < ends:
-            ids.extend(await enqueue(db, ws, agent, 1))
-            async with one_at_a_time:
-                await notify.execute("NOTIFY bullpen_runs")
-            await asyncio.sleep(1 / per_s)
-        return ids
-
-    async def median_wait(ids: list[uuid.UUID]) -> float:
-        assert await wait_terminal(db, ids, 120) == 0
-        async with db.read() as conn:
-            rows = list(
-                await conn.execute(
-                    sa.select(runs.c.queued_at, runs.c.started_at).where(runs.c.task_id.in_(ids))
-                )
-            )
-        return statistics.median((r.started_at - r.queued_at).total_seconds() for r in rows)
-
-    try:
-        with workers(env) as pool:
+        async def start() -> None:
             pool.start(1)
-            await asyncio.sleep(3)  # the worker is up and listening
-            alone = await median_wait(await submit(ws_b, agent_b, 8, 4))
-            flood = asyncio.create_task(submit(boot.workspace_id, boot.agent_id, 160, 5))
-            await asyncio.sleep(1)  # A's backlog has built up
-            crowded = await median_wait(await submit(ws_b, agent_b, 8, 3))
-            flooded = await flood
-            async with db.read() as conn:
-                durations = [
-                    (r.finished_at - r.started_at).total_seconds()
-                    for r in await conn.execute(
-                        sa.select(runs.c.started_at, runs.c.finished_at).where(
-                            runs.c.workspace_id == boot.workspace_id, runs.c.status == "done"
-                        )
-                    )
-                ]
-                backlog = (
-                    await conn.execute(
-                        sa.select(sa.func.count()).where(
-                            runs.c.workspace_id == boot.workspace_id, runs.c.status == "queued"
-                        )
-                    )
-                ).scalar_one()
-    finally:
-        await notify.close()
-    run_s = statistics.median(durations)
-    figures = f"B's median wait {crowded:.3f} s crowded, {alone:.3f} s alone; a run {run_s:.3f} s"
-    print(f"noisy neighbour: {figures}; A's backlog {backlog}")
-    assert backlog > 50, "A's flood never exceeded what the worker could run"
-    assert len(flooded) > 400
-    assert crowded <= 1.5 * alone + run_s, figures
+
+        got = await noisy_neighbour(
+            db,
+            str(settings.database_url),
+            start=start,
+            a=(boot.workspace_id, boot.agent_id),
+            b=(ws_b, agent_b),
+        )
+    alone, crowded = got["b_alone"].p50_ms / 1000, got["b_crowded"].p50_ms / 1000
+    figures = (
+        f"B's median wait {crowded:.3f} s crowded, {alone:.3f} s alone; a run {got['run_s']:.3f} s"
+    )
+    assert got["a_backlog_after"] > 50, "A's flood never exceeded what the worker could run"
+    assert got["a_submitted"] > 400
+    assert crowded <= 1.5 * alone + got["run_s"], figures
 
 
 def _postgres(action: str) -> None:

@@ -25,8 +25,8 @@ def upgrade() -> None:
             sa.Column("cancel_requested_at", sa.DateTime(timezone=True), nullable=True)
         )
         batch_op.create_index(
-            "ix_runs_status_workspace_priority",
-            ["status", "workspace_id", "priority", "queued_at"],
+            "ix_runs_queue_head",
+            ["status", "workspace_id", sa.text("priority DESC"), "queued_at", "id"],
             unique=False,
         )
         batch_op.create_index("ix_runs_status_lease", ["status", "lease_expires_at"], unique=False)
@@ -35,7 +35,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     with op.batch_alter_table("runs", schema=None) as batch_op:
         batch_op.drop_index("ix_runs_status_lease")
-        batch_op.drop_index("ix_runs_status_workspace_priority")
+        batch_op.drop_index("ix_runs_queue_head")
         batch_op.drop_column("cancel_requested_at")
         batch_op.drop_column("failures")
         batch_op.drop_column("available_at")
