@@ -171,7 +171,10 @@ async def _fair_pick(conn: Connection, *, limit: int, now: datetime, postgres: b
     Max-min fairness over execution slots: the next run goes to the workspace with the fewest
     runs in progress (counting those picked in this claim), its best run by priority and age.
     Runs of paused agents, of agents at their `max_concurrent_runs`, and retries still backing
-    off are skipped. Each workspace's candidates come from an index range scan of at most
+    off are skipped. A claim takes at most one *suspect* (a run whose earlier delivery failed):
+    runs that were in flight together when a poison run killed their worker are retried on
+    separate claims, so the poison does not take them down with it again and again. Each
+    workspace's candidates come from an index range scan of at most
     `limit` rows, so a claim's cost grows with the number of workspaces waiting, not with the
     length of the queue.
     """
@@ -225,15 +228,19 @@ async def _fair_pick(conn: Connection, *, limit: int, now: datetime, postgres: b
     ]
     heapq.heapify(heap)
     chosen: list[UUID] = []
+    suspect_taken = False
     while heap and len(chosen) < limit:
         share, _, _, ws = heapq.heappop(heap)
         rows = queues[ws]
-        while rows and agent_free.get(rows[0].agent_id, 0) <= 0:
-            rows.pop(0)  # its agent is at its cap
+        while rows and (
+            agent_free.get(rows[0].agent_id, 0) <= 0 or (suspect_taken and rows[0].failures > 0)
+        ):
+            rows.pop(0)  # its agent is at its cap, or this claim already took a suspect
         if not rows:
             continue
         row = rows.pop(0)
         agent_free[row.agent_id] -= 1
+        suspect_taken = suspect_taken or row.failures > 0
         chosen.append(row.id)
         if rows:
             heapq.heappush(heap, (share + 1, -rows[0].priority, rows[0].queued_at, ws))
@@ -254,7 +261,12 @@ async def _candidates(
     def head(workspace: Any) -> sa.Select[Any]:
         query = (
             sa.select(
-                runs.c.id, runs.c.workspace_id, runs.c.agent_id, runs.c.priority, runs.c.queued_at
+                runs.c.id,
+                runs.c.workspace_id,
+                runs.c.agent_id,
+                runs.c.priority,
+                runs.c.queued_at,
+                runs.c.failures,
             )
             .select_from(runs.join(agents, agents.c.id == runs.c.agent_id))
             .where(

@@ -270,3 +270,23 @@ def test_backoff_doubles_up_to_its_cap_with_jitter() -> None:
 
 def _failed() -> run_store.RunOutcome:
     return run_store.RunOutcome(RunStatus.FAILED, None, "x", None, None, None, None, None, None)
+
+
+async def test_a_claim_takes_at_most_one_run_whose_delivery_failed(store: Store) -> None:
+    """Runs that crashed together are retried apart: one suspect per claim."""
+    ws, agent = await workspace_with_agent(store)
+    for i in range(3):
+        await new_task(store, ws, agent, NOW + timedelta(seconds=i))
+    crashed = await _claim(store, limit=2)
+    async with store.write() as conn:
+        await run_store.fail_deliveries(
+            conn,
+            [Held(c.id, c.attempt) for c in crashed],
+            reason="worker died",
+            now=NOW,
+            policy=RetryPolicy(base_s=0),
+        )
+    first = await _claim(store, limit=10)
+    assert [c.failures for c in first].count(1) == 1 and len(first) == 2
+    (second,) = await _claim(store, limit=10)
+    assert second.failures == 1
