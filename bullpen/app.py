@@ -206,6 +206,7 @@ def worker_tuning(settings: Settings) -> WorkerTuning:
         poll_s=settings.poll_interval_s,
         cancel_poll_s=settings.cancel_poll_s,
         drain_grace_s=settings.drain_grace_s,
+        reserved_slots=settings.worker_reserved_slots,
         crash_marker=settings.fault_crash_marker,
         retry=RetryPolicy(
             max_attempts=settings.max_attempts,

@@ -50,6 +50,7 @@ class Settings(BaseSettings):
     lease_s: float = Field(default=60.0, gt=0)
     poll_interval_s: float = Field(default=1.0, gt=0)
     cancel_poll_s: float = Field(default=0.5, gt=0)
+    worker_reserved_slots: int = Field(default=1, ge=0)
     max_attempts: int = Field(default=5, ge=1)
     retry_backoff_s: float = Field(default=1.0, ge=0)
     retry_backoff_max_s: float = Field(default=300.0, ge=0)

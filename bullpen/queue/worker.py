@@ -57,6 +57,9 @@ class WorkerTuning:
     poll_s: float
     cancel_poll_s: float = 0.5
     drain_grace_s: float = 30.0
+    # Slots no single workspace may fill: a workspace that submits while another floods the
+    # queue finds a slot free at once instead of waiting for a run to end.
+    reserved_slots: int = 1
     crash_marker: str | None = None  # fault injection: see Settings.fault_crash_marker
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
@@ -86,6 +89,8 @@ class Worker:
         self._wake = asyncio.Event()
         self._inflight: dict[UUID, asyncio.Task[None]] = {}
         self._held: dict[UUID, int] = {}  # run id -> attempt
+        self._by_workspace: dict[UUID, int] = {}  # runs in flight here per workspace
+        self._workspace_of: dict[UUID, UUID] = {}
         self._stops: dict[UUID, _Stop] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._draining = False
@@ -167,6 +172,7 @@ class Worker:
                             limit=min(free, _CLAIM_BATCH),
                             now=self._clock(),
                             lease=self._tuning.lease,
+                            room=self._room,
                         )
                 except BullpenError as err:
                     log.warning("claim failed: %s", err.detail)
@@ -177,6 +183,10 @@ class Worker:
                 task = asyncio.create_task(self._execute(run), name=f"bullpen-run-{run.id}")
                 self._inflight[run.id] = task
                 self._held[run.id] = run.attempt
+                self._by_workspace[run.workspace_id] = (
+                    self._by_workspace.get(run.workspace_id, 0) + 1
+                )
+                self._workspace_of[run.id] = run.workspace_id
                 task.add_done_callback(functools.partial(self._done, run.id))
             if len(claimed) == _CLAIM_BATCH and free > _CLAIM_BATCH:
                 continue  # more may be waiting
@@ -185,7 +195,17 @@ class Worker:
                     await self._wake.wait()
             self._wake.clear()
 
+    def _room(self, workspace_id: UUID) -> int:
+        """How many more runs of this workspace this worker takes now."""
+        share = self._tuning.concurrency - self._tuning.reserved_slots
+        return max(1, share) - self._by_workspace.get(workspace_id, 0)
+
     def _done(self, run_id: UUID, _task: asyncio.Task[None]) -> None:
+        workspace_id = self._workspace_of.pop(run_id, None)
+        if workspace_id is not None:
+            left = self._by_workspace.pop(workspace_id, 0) - 1
+            if left > 0:
+                self._by_workspace[workspace_id] = left
         self._inflight.pop(run_id, None)
         self._held.pop(run_id, None)
         self._stops.pop(run_id, None)

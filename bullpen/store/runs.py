@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -83,19 +84,21 @@ async def claim(
     limit: int,
     now: datetime,
     lease: timedelta,
+    room: Callable[[UUID], int] | None = None,
 ) -> list[ClaimedRun]:
     """Take up to `limit` runs under a lease: fairly across workspaces, then by priority.
 
     Only runs that are due (`available_at`), of active agents below their
-    `max_concurrent_runs`, are taken. Each claim increments the run's attempt: the fence every
-    later write of this delivery is checked against.
+    `max_concurrent_runs`, are taken; with `room`, at most `room(workspace)` runs of each
+    workspace (the claimer keeps slots free for other workspaces). Each claim increments the
+    run's attempt: the fence every later write of this delivery is checked against.
     """
     if limit < 1:
         return []
     postgres = conn.dialect.name == "postgresql"
     if postgres:
         await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_CLAIM_LOCK)))
-    chosen = await _fair_pick(conn, limit=limit, now=now, postgres=postgres)
+    chosen = await _fair_pick(conn, limit=limit, now=now, postgres=postgres, room=room)
     if not chosen:
         return []
     target = sa.select(runs.c.id).where(
@@ -165,7 +168,14 @@ async def claim(
     return sorted(found, key=lambda run: order[run.id])
 
 
-async def _fair_pick(conn: Connection, *, limit: int, now: datetime, postgres: bool) -> list[UUID]:
+async def _fair_pick(
+    conn: Connection,
+    *,
+    limit: int,
+    now: datetime,
+    postgres: bool,
+    room: Callable[[UUID], int] | None,
+) -> list[UUID]:
     """Which queued runs to claim next, without reading more of the queue than it needs.
 
     Max-min fairness over execution slots: the next run goes to the workspace with the fewest
@@ -229,14 +239,21 @@ async def _fair_pick(conn: Connection, *, limit: int, now: datetime, postgres: b
     heapq.heapify(heap)
     chosen: list[UUID] = []
     suspect_taken = False
+    left = {ws: room(ws) for ws in queues} if room is not None else {}
     while heap and len(chosen) < limit:
         share, _, _, ws = heapq.heappop(heap)
         rows = queues[ws]
+        if room is not None:
+            if left[ws] <= 0:
+                continue  # this claimer keeps its other slots for other workspaces
+            left[ws] -= 1
         while rows and (
             agent_free.get(rows[0].agent_id, 0) <= 0 or (suspect_taken and rows[0].failures > 0)
         ):
             rows.pop(0)  # its agent is at its cap, or this claim already took a suspect
         if not rows:
+            if room is not None:
+                left[ws] += 1
             continue
         row = rows.pop(0)
         agent_free[row.agent_id] -= 1

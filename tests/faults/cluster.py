@@ -41,9 +41,9 @@ TERMINAL = ("done", "failed", "cancelled")
 def worker_env(settings: Settings, **extra: Any) -> dict[str, str]:
     """The environment of a worker process on the test's database (fast simulator, short lease)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BULLPEN_")}
-    assert settings.database_url is not None
+    if settings.database_url is not None:
+        env["BULLPEN_DATABASE_URL"] = settings.database_url
     env.update(
-        BULLPEN_DATABASE_URL=settings.database_url,
         BULLPEN_DATA_DIR=str(settings.data_dir),
         BULLPEN_SECRET_KEY=str(settings.secret_key),
         BULLPEN_SIM_TTFT_MS="20",

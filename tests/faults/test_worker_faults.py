@@ -28,6 +28,7 @@ from bullpen.settings import Settings
 from bullpen.store import agents as agent_store
 from bullpen.store import identity
 from bullpen.store.base import Store
+from bullpen.store.engine import create_store
 from bullpen.store.tables import runs, tasks
 from tests.acceptance.processes import free_port, wait_until_listening
 from tests.faults.cluster import (
@@ -41,14 +42,31 @@ from tests.faults.cluster import (
     workers,
 )
 
-pytestmark = [pytest.mark.parametrize("backend", ["postgres"]), pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
+POSTGRES = pytest.mark.parametrize("backend", ["postgres"])  # faults of several processes
+BOTH = pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 LEASE_S = 2.0
 
 
 @pytest.fixture
 async def db(settings: Settings) -> AsyncIterator[Store]:
-    async with open_store(settings) as store:
+    """The test's own store. On SQLite it does not claim the file (a worker process must)."""
+    if settings.database_url is not None:
+        async with open_store(settings) as store:
+            yield store
+        return
+    async with open_store(settings):
+        pass  # migrated; now let go of the file
+    store = create_store(settings)
+    try:
         yield store
+    finally:
+        await store.close()
+
+
+def _processes(settings: Settings, wanted: int) -> int:
+    """Worker processes for a test: SQLite has one writer process per data directory."""
+    return wanted if settings.database_url is not None else 1
 
 
 async def _held_by(store: Store, pid: int) -> list[object]:
@@ -67,17 +85,21 @@ async def _until(predicate: object, seconds: float, what: str) -> None:
         await asyncio.sleep(0.1)
 
 
+@BOTH
 async def test_sigkill_storm_loses_and_duplicates_nothing(settings: Settings, db: Store) -> None:
-    """2,000 runs over 3 workers while a random worker is SIGKILLed (and replaced) every 2 s."""
+    """2,000 runs over 3 workers (SQLite: its one) while a random worker is SIGKILLed (and
+    replaced) every 2 s (SQLite: 5 s)."""
     boot = await bootstrap(db, settings)
+    task_ids = await enqueue(db, boot.workspace_id, boot.agent_id, 2000)
     with workers(worker_env(settings)) as pool:
-        pool.start(3)
-        task_ids = await enqueue(db, boot.workspace_id, boot.agent_id, 2000)
+        pool.start(_processes(settings, 3))
         rng = random.Random(4)
         kills = 0
+        # A new SQLite worker must start up (a few seconds) before it can be caught mid-run.
+        every_s = 2.0 if settings.database_url is not None else 5.0
         storm_ends = time.monotonic() + 20
         while time.monotonic() < storm_ends:
-            await asyncio.sleep(2)
+            await asyncio.sleep(every_s)
             alive = pool.alive()
             if alive:
                 victim = rng.choice(alive)
@@ -87,12 +109,13 @@ async def test_sigkill_storm_loses_and_duplicates_nothing(settings: Settings, db
                 pool.start(1)
         left = await wait_terminal(db, task_ids, LEASE_S + 60)
         result = await ledger(db, task_ids)
-    assert kills >= 5
+    assert kills >= 20 / every_s - 1
     assert left == 0, f"{left} runs not terminal within lease + 60 s; {result.summary()}"
     assert result.clean, result.summary()
     assert any(a > 1 for a in result.attempts.values()), "no kill caught a run in flight"
 
 
+@POSTGRES
 async def test_a_paused_workers_late_writes_are_refused(settings: Settings, db: Store) -> None:
     """SIGSTOP a worker past its lease, SIGCONT it: the fence refuses what it writes late."""
     boot = await bootstrap(db, settings)
@@ -119,6 +142,7 @@ async def test_a_paused_workers_late_writes_are_refused(settings: Settings, db: 
     assert "lease lost" in log or "result dropped" in log, log[-2000:]
 
 
+@BOTH
 async def test_sigterm_lets_inflight_runs_finish_then_exits_0(
     settings: Settings, db: Store
 ) -> None:
@@ -148,6 +172,7 @@ async def test_sigterm_lets_inflight_runs_finish_then_exits_0(
     assert len(task_ids) == 6
 
 
+@BOTH
 async def test_sigterm_past_the_grace_releases_runs_to_another_worker(
     settings: Settings, db: Store
 ) -> None:
@@ -181,6 +206,7 @@ async def test_sigterm_past_the_grace_releases_runs_to_another_worker(
     assert set(result.attempts.values()) == {2}
 
 
+@BOTH
 async def test_a_poison_run_is_dead_lettered_while_good_runs_complete(
     settings: Settings, db: Store
 ) -> None:
@@ -189,11 +215,11 @@ async def test_a_poison_run_is_dead_lettered_while_good_runs_complete(
     marker = "POISON-RUN-" + "x" * 8
     boot = await bootstrap(db, settings)
     env = worker_env(settings, fault_crash_marker=marker, max_attempts=4, worker_concurrency=16)
+    async with db.write() as conn:
+        poison, _run = await insert_task_with_prompt(conn, boot, f"please {marker} now")
+    good = await enqueue(db, boot.workspace_id, boot.agent_id, 500)
     with workers(env) as pool:
-        pool.start(3)
-        async with db.write() as conn:
-            poison, _run = await insert_task_with_prompt(conn, boot, f"please {marker} now")
-        good = await enqueue(db, boot.workspace_id, boot.agent_id, 500)
+        pool.start(_processes(settings, 3))
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             for proc in list(pool.procs):
@@ -212,16 +238,17 @@ async def test_a_poison_run_is_dead_lettered_while_good_runs_complete(
     assert len(pool.logs) >= 4 and sum("crash marker" in log for log in pool.logs) == 4
 
 
+@POSTGRES
 async def test_a_noisy_neighbour_does_not_stretch_another_workspaces_wait(
     settings: Settings, db: Store
 ) -> None:
     """Workspace A submits 20× B's rate, more than the worker can run; B's median queue wait
-    stays within 1.5× of its wait when alone plus one run's duration.
+    stays within 1.5× of its wait when alone (plus 2 ms for timer and scheduling jitter).
 
-    Alone, B never waits for a slot (its wait is the claim latency, a few ms); crowded, every slot
-    is busy, and a run is never pre-empted, so B's run waits for the next slot to free: at most
-    one run's duration with fair claiming, A's whole backlog without it (1.35 s when claims were
-    made FIFO).
+    Claims are max-min fair across workspaces, and a worker keeps one slot that no single
+    workspace may fill (`BULLPEN_WORKER_RESERVED_SLOTS`), so B's run finds a slot free at once
+    instead of waiting for one of A's to end (~90 ms), let alone for A's backlog (1.35 s when
+    claims were FIFO).
     """
     boot = await bootstrap(db, settings)
     async with db.write() as conn:
@@ -255,7 +282,7 @@ async def test_a_noisy_neighbour_does_not_stretch_another_workspaces_wait(
     )
     assert got["a_backlog_after"] > 50, "A's flood never exceeded what the worker could run"
     assert got["a_submitted"] > 400
-    assert crowded <= 1.5 * alone + got["run_s"], figures
+    assert crowded <= 1.5 * alone + 0.002, figures
 
 
 def _postgres(action: str) -> None:
@@ -273,6 +300,7 @@ def _postgres_up() -> None:
         _postgres("start")  # fails when it already runs
 
 
+@POSTGRES
 async def test_postgres_restarts_under_load_lose_nothing(settings: Settings, db: Store) -> None:
     """PostgreSQL goes away twice while clients create tasks and workers run them: the API
     answers 503 problem+json meanwhile (never a 500), clients retry with their Idempotency-Key,

@@ -290,3 +290,16 @@ async def test_a_claim_takes_at_most_one_run_whose_delivery_failed(store: Store)
     assert [c.failures for c in first].count(1) == 1 and len(first) == 2
     (second,) = await _claim(store, limit=10)
     assert second.failures == 1
+
+
+async def test_a_claim_gives_each_workspace_no_more_than_its_room(store: Store) -> None:
+    ws_a, agent_a = await workspace_with_agent(store, "a")
+    ws_b, agent_b = await workspace_with_agent(store, "b")
+    for i in range(5):
+        await new_task(store, ws_a, agent_a, NOW + timedelta(seconds=i))
+    await new_task(store, ws_b, agent_b, NOW + timedelta(seconds=9))
+    async with store.write() as conn:
+        claimed = await run_store.claim(
+            conn, owner="w", limit=10, now=NOW, lease=LEASE, room=lambda ws: 2
+        )
+    assert sorted(c.workspace_id == ws_b for c in claimed) == [False, False, True]
