@@ -203,6 +203,8 @@ class Worker:
     def _done(self, run_id: UUID, _task: asyncio.Task[None]) -> None:
         workspace_id = self._workspace_of.pop(run_id, None)
         if workspace_id is not None:
+            if self._room(workspace_id) <= 0:
+                self._wake.set()  # the workspace had all the room it gets: its next run may wait
             left = self._by_workspace.pop(workspace_id, 0) - 1
             if left > 0:
                 self._by_workspace[workspace_id] = left

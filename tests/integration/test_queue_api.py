@@ -88,3 +88,16 @@ async def test_cancel_reaches_a_worker_in_another_process_within_a_second(
             await conn.execute(sa.select(runs).where(runs.c.task_id == uuid.UUID(task["id"])))
         ).one()
     assert row.cancel_requested_at is not None and row.error == "cancelled on request"
+
+
+@pytest.mark.with_settings(worker_concurrency=2, worker_reserved_slots=1, poll_interval_s=30.0)
+async def test_a_run_ending_frees_its_workspaces_room_at_once(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    """One workspace may use one of the two slots; each run's end claims the next without
+    waiting for the (here 30 s) poll."""
+    created = [await new_task(http, server) for _ in range(3)]
+    started = time.monotonic()
+    for task in created:
+        await wait_status(http, server, task["id"], "done")
+    assert time.monotonic() - started < 10
