@@ -169,28 +169,55 @@ class Cluster:
         self.procs = []
 
 
-async def _bootstrap(store: Store, settings: Settings) -> Bootstrap:
+async def bootstrap(store: Store, settings: Settings, *, agent_cap: int = 100_000) -> Bootstrap:
+    """The first workspace, key and demo agent; every agent may run `agent_cap` runs at once."""
     boot = await ensure_bootstrap(
         store, load_secret(settings.secret_key, settings.data_dir), utcnow
     )
     async with store.write() as conn:
-        await conn.execute(agents.update().values(max_concurrent_runs=100_000))
+        await conn.execute(agents.update().values(max_concurrent_runs=agent_cap))
     return boot
 
 
-async def _enqueue(
-    store: Store, workspace_id: uuid.UUID, agent_id: uuid.UUID, count: int
+async def second_workspace(store: Store) -> tuple[uuid.UUID, uuid.UUID]:
+    """Workspace "B" with an uncapped agent of the simulated provider: (workspace, agent)."""
+    async with store.write() as conn:
+        workspace_id = await identity.create_workspace(
+            conn, name="B", slug="b", task_key="B", now=utcnow()
+        )
+        agent_id = await agent_store.create_agent(
+            conn,
+            workspace_id=workspace_id,
+            name="b",
+            title="",
+            adapter="llm",
+            config={"provider": "simulated", "model": "sim-1"},
+            now=utcnow(),
+            max_concurrent_runs=100_000,
+        )
+    return workspace_id, agent_id
+
+
+async def enqueue(
+    store: Store,
+    workspace_id: uuid.UUID,
+    agent_id: uuid.UUID,
+    count: int,
+    *,
+    prompt: str = PROMPT,
+    batch: int = 500,
 ) -> list[uuid.UUID]:
+    """Commit `count` queued tasks (with their runs) straight into the store; their ids."""
     ids: list[uuid.UUID] = []
     while len(ids) < count:
         async with store.write() as conn:
-            for _ in range(min(500, count - len(ids))):
+            for _ in range(min(batch, count - len(ids))):
                 task, _run = await task_store.insert_task_with_run(
                     conn,
                     workspace_id=workspace_id,
                     agent_id=agent_id,
                     title="bench",
-                    prompt=PROMPT,
+                    prompt=prompt,
                     creator_user_id=None,
                     creator_key_id=None,
                     now=utcnow(),
@@ -229,8 +256,8 @@ async def measure_throughput(
     async with Cluster(backend, pg_admin_url) as cluster:
         assert cluster.settings is not None
         async with cluster.store() as store:
-            boot = await _bootstrap(store, cluster.settings)
-            await _enqueue(store, boot.workspace_id, boot.agent_id, total)
+            boot = await bootstrap(store, cluster.settings)
+            await enqueue(store, boot.workspace_id, boot.agent_id, total)
         await cluster.start_workers(workers)
         reader = _reader(cluster)
         async with reader as store:
@@ -271,7 +298,7 @@ async def measure_latency(
         assert cluster.settings is not None
         if backend == "postgres":
             async with cluster.store() as store:
-                boot = await _bootstrap(store, cluster.settings)
+                boot = await bootstrap(store, cluster.settings)
             await cluster.start_workers(1)
             async with cluster.store() as store:
                 waits = await _one_at_a_time(store, cluster, boot, samples, gap_s)
@@ -281,7 +308,7 @@ async def measure_latency(
         from bullpen.app import build
 
         async with build(cluster.settings.model_copy(update=_in_process())) as services:
-            boot = await _bootstrap(services.store, cluster.settings)
+            boot = await bootstrap(services.store, cluster.settings)
             assert services.worker is not None
             waits = await _one_at_a_time(
                 services.store, None, boot, samples, gap_s, services.worker.notify
@@ -332,7 +359,7 @@ async def _one_at_a_time(
     ids: list[uuid.UUID] = []
     try:
         for _ in range(samples):
-            ids += await _enqueue(store, boot.workspace_id, boot.agent_id, 1)
+            ids += await enqueue(store, boot.workspace_id, boot.agent_id, 1)
             await notify()
             await asyncio.sleep(gap_s)
         not_done = await _wait_done(store, samples, 60)
@@ -349,21 +376,8 @@ async def measure_noisy_neighbour(pg_admin_url: str) -> dict[str, Any]:
     async with Cluster("postgres", pg_admin_url) as cluster:
         assert cluster.settings is not None and cluster.settings.database_url is not None
         async with cluster.store() as store:
-            boot = await _bootstrap(store, cluster.settings)
-            async with store.write() as conn:
-                ws_b = await identity.create_workspace(
-                    conn, name="B", slug="b", task_key="B", now=utcnow()
-                )
-                agent_b = await agent_store.create_agent(
-                    conn,
-                    workspace_id=ws_b,
-                    name="b",
-                    title="",
-                    adapter="llm",
-                    config={"provider": "simulated", "model": "sim-1"},
-                    now=utcnow(),
-                    max_concurrent_runs=100_000,
-                )
+            boot = await bootstrap(store, cluster.settings)
+            ws_b, agent_b = await second_workspace(store)
             result = await noisy_neighbour(
                 store,
                 cluster.settings.database_url,
@@ -408,7 +422,7 @@ async def noisy_neighbour(
         ids: list[uuid.UUID] = []
         ends = time.monotonic() + seconds
         while time.monotonic() < ends:
-            ids += await _enqueue(store, owner[0], owner[1], 1)
+            ids += await enqueue(store, owner[0], owner[1], 1)
             async with one_at_a_time:
                 await conn.execute(f"NOTIFY {CHANNEL}")
             await asyncio.sleep(1 / per_s)

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import asyncpg
 
@@ -28,7 +28,26 @@ def asyncpg_dsn(database_url: str) -> str:
     return database_url.replace("postgresql+asyncpg://", "postgresql://", 1)
 
 
-class Notifier:
+class _Background:
+    """A component whose `_run` loop runs as a task between `async with` enter and exit."""
+
+    _task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.create_task(self._run(), name=f"bullpen-{type(self).__name__}")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+
+class Notifier(_Background):
     """Sends throttled `NOTIFY bullpen_runs` after enqueues (PostgreSQL)."""
 
     def __init__(self, dsn: str, *, min_gap_s: float = 0.002) -> None:
@@ -37,23 +56,12 @@ class Notifier:
         self._pending = False
         self._last = 0.0
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self.sent = 0
 
     def enqueued(self) -> None:
         """Note an enqueue; a notification follows within `min_gap_s`."""
         self._pending = True
         self._wake.set()
-
-    async def __aenter__(self) -> Notifier:
-        self._task = asyncio.create_task(self._run(), name="bullpen-notify")
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     async def _run(self) -> None:
         conn: Any = None
@@ -88,24 +96,13 @@ class Notifier:
                     await conn.close()
 
 
-class Listener:
+class Listener(_Background):
     """Calls `on_wake` for every `NOTIFY bullpen_runs`; reconnects when the database returns."""
 
     def __init__(self, dsn: str, on_wake: Callable[[], None]) -> None:
         self._dsn = dsn
         self._on_wake = on_wake
-        self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
-
-    async def __aenter__(self) -> Listener:
-        self._task = asyncio.create_task(self._run(), name="bullpen-listen")
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     def _notified(self, *_args: object) -> None:
         self._on_wake()

@@ -26,14 +26,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bullpen.app import open_store, utcnow
-from bullpen.services.bootstrap import Bootstrap, ensure_bootstrap
-from bullpen.services.secrets import load_secret
+from bullpen.app import open_store
+from bullpen.bench.runqueue import bootstrap, enqueue
 from bullpen.settings import Settings
-from bullpen.store import tasks as task_store
 from bullpen.store.base import Store
-from bullpen.store.tables import agents, run_events, runs, tasks
-from tests.integration.seed import insert_task
+from bullpen.store.tables import run_events, runs, tasks
 
 TERMINAL = ("done", "failed", "cancelled")
 
@@ -124,43 +121,6 @@ def workers(env: dict[str, str]) -> Iterator[Workers]:
         yield pool
     finally:
         pool.stop_all()
-
-
-async def bootstrap(store: Store, settings: Settings, *, agent_cap: int = 1000) -> Bootstrap:
-    """The first workspace, key and demo agent; the agent may run `agent_cap` runs at once."""
-    boot = await ensure_bootstrap(
-        store, load_secret(settings.secret_key, settings.data_dir), utcnow
-    )
-    async with store.write() as conn:
-        await conn.execute(agents.update().values(max_concurrent_runs=agent_cap))
-    return boot
-
-
-async def enqueue(
-    store: Store, workspace_id: uuid.UUID, agent_id: uuid.UUID, count: int, batch: int = 250
-) -> list[uuid.UUID]:
-    """Create `count` queued tasks (with their runs) directly in the store; returns task ids."""
-    created: list[uuid.UUID] = []
-    while len(created) < count:
-        async with store.write() as conn:
-            for _ in range(min(batch, count - len(created))):
-                task, _run = await insert_task(conn, workspace_id, agent_id, utcnow())
-                created.append(task.id)
-    return created
-
-
-async def insert_task_with_prompt(conn: Any, boot: Bootstrap, prompt: str) -> tuple[Any, Any]:
-    """One queued task with this prompt for the bootstrap agent (in the caller's transaction)."""
-    return await task_store.insert_task_with_run(
-        conn,
-        workspace_id=boot.workspace_id,
-        agent_id=boot.agent_id,
-        title="t",
-        prompt=prompt,
-        creator_user_id=None,
-        creator_key_id=None,
-        now=utcnow(),
-    )
 
 
 async def wait_terminal(store: Store, task_ids: list[uuid.UUID], seconds: float) -> int:
@@ -267,7 +227,6 @@ __all__ = [
     "Workers",
     "bootstrap",
     "enqueue",
-    "insert_task_with_prompt",
     "ledger",
     "open_store",
     "wait_terminal",

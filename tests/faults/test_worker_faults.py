@@ -22,11 +22,8 @@ import aiohttp
 import pytest
 import sqlalchemy as sa
 
-from bullpen.app import utcnow
-from bullpen.bench.runqueue import noisy_neighbour
+from bullpen.bench.runqueue import noisy_neighbour, second_workspace
 from bullpen.settings import Settings
-from bullpen.store import agents as agent_store
-from bullpen.store import identity
 from bullpen.store.base import Store
 from bullpen.store.engine import create_store
 from bullpen.store.tables import runs, tasks
@@ -34,7 +31,6 @@ from tests.acceptance.processes import free_port, wait_until_listening
 from tests.faults.cluster import (
     bootstrap,
     enqueue,
-    insert_task_with_prompt,
     ledger,
     open_store,
     wait_terminal,
@@ -215,8 +211,7 @@ async def test_a_poison_run_is_dead_lettered_while_good_runs_complete(
     marker = "POISON-RUN-" + "x" * 8
     boot = await bootstrap(db, settings)
     env = worker_env(settings, fault_crash_marker=marker, max_attempts=4, worker_concurrency=16)
-    async with db.write() as conn:
-        poison, _run = await insert_task_with_prompt(conn, boot, f"please {marker} now")
+    (poison,) = await enqueue(db, boot.workspace_id, boot.agent_id, 1, prompt=f"do {marker} now")
     good = await enqueue(db, boot.workspace_id, boot.agent_id, 500)
     with workers(env) as pool:
         pool.start(_processes(settings, 3))
@@ -226,12 +221,12 @@ async def test_a_poison_run_is_dead_lettered_while_good_runs_complete(
                 if proc.poll() is not None and proc.pid not in pool.collected:
                     pool.collect(proc)
                     pool.start(1)
-            if await wait_terminal(db, [poison.id, *good], 0) == 0:
+            if await wait_terminal(db, [poison, *good], 0) == 0:
                 break
             await asyncio.sleep(0.2)
         result = await ledger(db, good)
         async with db.read() as conn:
-            row = (await conn.execute(sa.select(runs).where(runs.c.task_id == poison.id))).one()
+            row = (await conn.execute(sa.select(runs).where(runs.c.task_id == poison))).one()
     assert result.clean, result.summary()
     assert (row.status, row.failures, row.attempt) == ("failed", 4, 4)
     assert row.error.startswith("dead-lettered after 4 failed attempts")
@@ -251,18 +246,7 @@ async def test_a_noisy_neighbour_does_not_stretch_another_workspaces_wait(
     claims were FIFO).
     """
     boot = await bootstrap(db, settings)
-    async with db.write() as conn:
-        ws_b = await identity.create_workspace(conn, name="B", slug="b", task_key="B", now=utcnow())
-        agent_b = await agent_store.create_agent(
-            conn,
-            workspace_id=ws_b,
-            name="b",
-            title="",
-            adapter="llm",
-            config={"provider": "simulated", "model": "sim-1"},
-            now=utcnow(),
-            max_concurrent_runs=1000,
-        )
+    ws_b, agent_b = await second_workspace(db)
     env = worker_env(settings, worker_concurrency=8, sim_ttft_ms=60, poll_interval_s=5)
     with workers(env) as pool:
 
