@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import statistics
 import sys
@@ -127,9 +128,12 @@ class Cluster:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.stop_workers()
-        if self.database is not None:
-            await _drop_database(self.pg_admin_url, self.database)
+        try:
+            await self.stop_workers()
+            if self.database is not None:
+                await _drop_database(self.pg_admin_url, self.database)
+        finally:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
 
     @contextlib.asynccontextmanager
     async def store(self) -> AsyncIterator[Store]:
