@@ -124,9 +124,9 @@ def worker(
     """Run a worker process (no API): claim and execute runs until SIGTERM, then drain.
 
     While the database is unreachable at start it waits for it. On SIGTERM or SIGINT it stops
-    claiming, lets in-flight runs finish for
-    BULLPEN_DRAIN_GRACE_S, releases what still runs back to the queue and exits 0. Run several
-    per machine, and on PostgreSQL on any number of machines.
+    claiming, lets in-flight runs finish for BULLPEN_DRAIN_GRACE_S, releases what still runs
+    back to the queue and exits 0. Run several per machine, and on PostgreSQL on any number of
+    machines.
     """
     import asyncio
     import contextlib

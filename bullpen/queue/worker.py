@@ -88,9 +88,8 @@ class Worker:
         self.owner = f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._wake = asyncio.Event()
         self._inflight: dict[UUID, asyncio.Task[None]] = {}
-        self._held: dict[UUID, int] = {}  # run id -> attempt
-        self._by_workspace: dict[UUID, int] = {}  # runs in flight here per workspace
-        self._workspace_of: dict[UUID, UUID] = {}
+        self._claimed: dict[UUID, ClaimedRun] = {}  # the deliveries in flight here
+        self._by_workspace: dict[UUID, int] = {}  # how many of them per workspace
         self._stops: dict[UUID, _Stop] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._draining = False
@@ -182,11 +181,10 @@ class Worker:
             for run in claimed:
                 task = asyncio.create_task(self._execute(run), name=f"bullpen-run-{run.id}")
                 self._inflight[run.id] = task
-                self._held[run.id] = run.attempt
+                self._claimed[run.id] = run
                 self._by_workspace[run.workspace_id] = (
                     self._by_workspace.get(run.workspace_id, 0) + 1
                 )
-                self._workspace_of[run.id] = run.workspace_id
                 task.add_done_callback(functools.partial(self._done, run.id))
             if len(claimed) == _CLAIM_BATCH and free > _CLAIM_BATCH:
                 continue  # more may be waiting
@@ -201,21 +199,20 @@ class Worker:
         return max(1, share) - self._by_workspace.get(workspace_id, 0)
 
     def _done(self, run_id: UUID, _task: asyncio.Task[None]) -> None:
-        workspace_id = self._workspace_of.pop(run_id, None)
-        if workspace_id is not None:
-            if self._room(workspace_id) <= 0:
+        run = self._claimed.pop(run_id, None)
+        if run is not None:
+            if self._room(run.workspace_id) <= 0:
                 self._wake.set()  # the workspace had all the room it gets: its next run may wait
-            left = self._by_workspace.pop(workspace_id, 0) - 1
+            left = self._by_workspace.pop(run.workspace_id, 0) - 1
             if left > 0:
-                self._by_workspace[workspace_id] = left
+                self._by_workspace[run.workspace_id] = left
         self._inflight.pop(run_id, None)
-        self._held.pop(run_id, None)
         self._stops.pop(run_id, None)
         if len(self._inflight) == self._tuning.concurrency - 1:
             self._wake.set()  # the worker was full: queued runs may be waiting for this slot
 
     def _holding(self) -> list[Held]:
-        return [Held(run_id, attempt) for run_id, attempt in self._held.items()]
+        return [Held(run.id, run.attempt) for run in self._claimed.values()]
 
     async def _lease_loop(self) -> None:
         """Renew this worker's leases and reap other workers' expired ones."""

@@ -36,12 +36,22 @@ _UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError, OSEr
 _UNAVAILABLE_SQLSTATES = ("08", "57P01", "57P02", "57P03")
 
 
-def _unavailable(err: exc.DBAPIError) -> bool:
-    """Whether a driver error means the database is (momentarily) unreachable."""
-    if isinstance(err, _UNAVAILABLE) or err.connection_invalidated:
-        return True
-    state = getattr(err.orig, "sqlstate", None) or getattr(err.orig, "pgcode", None)
-    return isinstance(state, str) and state.startswith(_UNAVAILABLE_SQLSTATES)
+def _unreachable(err: BaseException, detail: str | None = None) -> Unavailable | None:
+    """`Unavailable` (503) when a driver error means the database is away; else None.
+
+    With `detail` the error names what failed (start-up); without, it asks to retry shortly.
+    """
+    away = isinstance(err, _UNAVAILABLE)
+    if not away and isinstance(err, exc.DBAPIError):
+        state = getattr(err.orig, "sqlstate", None) or getattr(err.orig, "pgcode", None)
+        away = err.connection_invalidated or (
+            isinstance(state, str) and state.startswith(_UNAVAILABLE_SQLSTATES)
+        )
+    if not away:
+        return None
+    if detail is not None:
+        return Unavailable(detail)
+    return Unavailable("the database is unreachable; retry shortly", retry_after=1)
 
 
 _CHECKPOINT_EVERY_S = 2.0
@@ -139,12 +149,10 @@ class Store:
             assert self._reader is not None
             async with self._reader.connect() as conn:
                 yield conn
-        except _UNAVAILABLE as err:
-            raise Unavailable("the database is unreachable; retry shortly", retry_after=1) from err
-        except exc.DBAPIError as err:
-            if not _unavailable(err):
+        except (*_UNAVAILABLE, exc.DBAPIError) as err:
+            if (unreachable := _unreachable(err)) is None:
                 raise
-            raise Unavailable("the database is unreachable; retry shortly", retry_after=1) from err
+            raise unreachable from err
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[Connection]:
@@ -163,12 +171,10 @@ class Store:
                 finally:
                     _AMBIENT.reset(token)
                     callbacks = tx.after_commit
-        except _UNAVAILABLE as err:
-            raise Unavailable("the database is unreachable; retry shortly", retry_after=1) from err
-        except exc.DBAPIError as err:
-            if not _unavailable(err):
+        except (*_UNAVAILABLE, exc.DBAPIError) as err:
+            if (unreachable := _unreachable(err)) is None:
                 raise
-            raise Unavailable("the database is unreachable; retry shortly", retry_after=1) from err
+            raise unreachable from err
         for callback in callbacks:
             callback()
 
@@ -202,9 +208,10 @@ class Store:
             async with self.engine.begin() as conn:
                 return await conn.run_sync(fn)
         except (*_UNAVAILABLE, exc.DBAPIError) as err:
-            if isinstance(err, exc.DBAPIError) and not _unavailable(err):
+            detail = f"the database is unreachable: {type(err).__name__}"
+            if (unreachable := _unreachable(err, detail)) is None:
                 raise
-            raise Unavailable(f"the database is unreachable: {type(err).__name__}") from err
+            raise unreachable from err
 
     def pool_status(self) -> tuple[int, int]:
         """(connections in use, pool capacity) for metrics."""

@@ -184,9 +184,8 @@ async def _fair_pick(
     off are skipped. A claim takes at most one *suspect* (a run whose earlier delivery failed):
     runs that were in flight together when a poison run killed their worker are retried on
     separate claims, so the poison does not take them down with it again and again. Each
-    workspace's candidates come from an index range scan of at most
-    `limit` rows, so a claim's cost grows with the number of workspaces waiting, not with the
-    length of the queue.
+    workspace's candidates come from an index range scan of at most `limit` rows, so a claim's
+    cost grows with the number of workspaces waiting, not with the length of the queue.
     """
     busy = list(
         await conn.execute(
@@ -221,16 +220,7 @@ async def _fair_pick(
     queues: dict[UUID, list[Any]] = {}
     for row in candidates:
         queues.setdefault(row.workspace_id, []).append(row)
-    caps = {
-        row.id: int(row.max_concurrent_runs)
-        for row in await conn.execute(
-            sa.select(agents.c.id, agents.c.max_concurrent_runs).where(
-                agents.c.id.in_({row.agent_id for row in candidates})
-            )
-        )
-    }
-    for agent_id, cap in caps.items():
-        agent_free.setdefault(agent_id, cap)
+        agent_free.setdefault(row.agent_id, int(row.max_concurrent_runs))  # none running yet
     # (runs in progress, best priority first, oldest first, workspace) per workspace's head.
     heap = [
         (in_progress.get(ws, 0), -rows[0].priority, rows[0].queued_at, ws)
@@ -242,20 +232,18 @@ async def _fair_pick(
     left = {ws: room(ws) for ws in queues} if room is not None else {}
     while heap and len(chosen) < limit:
         share, _, _, ws = heapq.heappop(heap)
+        if room is not None and left[ws] <= 0:
+            continue  # this claimer keeps its other slots for other workspaces
         rows = queues[ws]
-        if room is not None:
-            if left[ws] <= 0:
-                continue  # this claimer keeps its other slots for other workspaces
-            left[ws] -= 1
         while rows and (
-            agent_free.get(rows[0].agent_id, 0) <= 0 or (suspect_taken and rows[0].failures > 0)
+            agent_free[rows[0].agent_id] <= 0 or (suspect_taken and rows[0].failures > 0)
         ):
             rows.pop(0)  # its agent is at its cap, or this claim already took a suspect
         if not rows:
-            if room is not None:
-                left[ws] += 1
             continue
         row = rows.pop(0)
+        if room is not None:
+            left[ws] -= 1
         agent_free[row.agent_id] -= 1
         suspect_taken = suspect_taken or row.failures > 0
         chosen.append(row.id)
@@ -284,6 +272,7 @@ async def _candidates(
                 runs.c.priority,
                 runs.c.queued_at,
                 runs.c.failures,
+                agents.c.max_concurrent_runs,
             )
             .select_from(runs.join(agents, agents.c.id == runs.c.agent_id))
             .where(
@@ -470,11 +459,7 @@ async def fail_deliveries(
             .values(status=status.value, **values)
         )
         task_status = TaskStatus.QUEUED if status is RunStatus.QUEUED else TaskStatus(status.value)
-        await conn.execute(
-            tasks.update()
-            .where(tasks.c.id == row.task_id, tasks.c.status == TaskStatus.RUNNING.value)
-            .values(status=task_status.value, error=error, updated_at=now)
-        )
+        await _task_leaves_running(conn, row.task_id, task_status, now, error=error)
         out.append(Redelivery(h.run_id, row.task_id, row.workspace_id, status, error))
     return out
 
@@ -502,12 +487,19 @@ async def release(conn: Connection, held: list[Held], *, now: datetime) -> int:
         if task_id is None:
             continue
         released += 1
-        await conn.execute(
-            tasks.update()
-            .where(tasks.c.id == task_id, tasks.c.status == TaskStatus.RUNNING.value)
-            .values(status=TaskStatus.QUEUED.value, updated_at=now)
-        )
+        await _task_leaves_running(conn, task_id, TaskStatus.QUEUED, now)
     return released
+
+
+async def _task_leaves_running(
+    conn: Connection, task_id: UUID, status: TaskStatus, now: datetime, **values: Any
+) -> None:
+    """Move a task whose delivery ended without an outcome out of `running`."""
+    await conn.execute(
+        tasks.update()
+        .where(tasks.c.id == task_id, tasks.c.status == TaskStatus.RUNNING.value)
+        .values(status=status.value, updated_at=now, **values)
+    )
 
 
 _FINISH_RUN = (
