@@ -1,12 +1,62 @@
-"""Real `bullpen` processes in acceptance tests: a free port, and waiting until one listens."""
+"""Real `bullpen` processes in tests: their environment, a free port, `bullpen up` until it
+listens."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
+
+from bullpen.settings import Settings
+
+
+def process_env(settings: Settings, **fields: Any) -> dict[str, str]:
+    """The environment of a `bullpen` child on the test's database and data directory.
+
+    Inherited `BULLPEN_*` variables are dropped; `fields` become `BULLPEN_<FIELD>` settings.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BULLPEN_")}
+    env.update(BULLPEN_DATA_DIR=str(settings.data_dir), BULLPEN_SECRET_KEY=str(settings.secret_key))
+    if settings.database_url:
+        env["BULLPEN_DATABASE_URL"] = settings.database_url
+    env.update({f"BULLPEN_{k.upper()}": str(v) for k, v in fields.items()})
+    return env
+
+
+@dataclass
+class Server:
+    """A `bullpen up` process; `log` holds its stderr once it has stopped."""
+
+    proc: subprocess.Popen[str]
+    log: str = ""
+
+
+@contextmanager
+def bullpen_up(env: dict[str, str], port: int) -> Iterator[Server]:
+    """`bullpen up` on `port`, once it listens; killed (if still running) on exit."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bullpen", "up", "--quiet", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    server = Server(proc)
+    try:
+        wait_until_listening(port, proc)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.log = proc.communicate(timeout=20)[1]
 
 
 def free_port() -> int:

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import aiohttp
@@ -23,42 +20,19 @@ import asyncpg
 import pytest
 
 from bullpen.settings import Settings
-from tests.acceptance.processes import free_port, wait_until_listening
+from tests.acceptance.processes import bullpen_up, free_port, process_env
 
 PROMPT = "Analyze this dataset and extract key metrics"
 
 
 def _env(settings: Settings) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BULLPEN_")}
-    env.update(
-        BULLPEN_DATA_DIR=str(settings.data_dir),
-        BULLPEN_SECRET_KEY=str(settings.secret_key),
-        BULLPEN_SIM_TTFT_MS="20",
-        BULLPEN_SIM_TOKENS_PER_SECOND="500",
-        BULLPEN_RATE_LIMIT_KEY_RPS="100000",
-        BULLPEN_RATE_LIMIT_KEY_BURST="100000",
+    return process_env(
+        settings,
+        sim_ttft_ms=20,
+        sim_tokens_per_second=500,
+        rate_limit_key_rps=100000,
+        rate_limit_key_burst=100000,
     )
-    if settings.database_url:
-        env["BULLPEN_DATABASE_URL"] = settings.database_url
-    return env
-
-
-@contextmanager
-def _server(env: dict[str, str], port: int) -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bullpen", "up", "--quiet", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        wait_until_listening(port, proc)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=20)
 
 
 def _init(env: dict[str, str]) -> dict[str, Any]:
@@ -115,7 +89,7 @@ async def test_killed_between_claim_and_commit_then_retried(settings: Settings) 
     holder = await asyncpg.connect(settings.database_url.replace("+asyncpg", ""))
     key = str(uuid.uuid4())
     async with aiohttp.ClientSession() as http:
-        with _server(env, port) as proc:
+        with bullpen_up(env, port) as server:
             # Stall the create inside its transaction, after it has taken the key.
             await holder.execute("BEGIN")
             await holder.execute("SELECT 1 FROM workspaces FOR UPDATE")
@@ -128,12 +102,12 @@ async def test_killed_between_claim_and_commit_then_retried(settings: Settings) 
                     break
                 await asyncio.sleep(0.05)
             assert waiting, "the create never reached its transaction"
-            proc.send_signal(signal.SIGKILL)
+            server.proc.send_signal(signal.SIGKILL)
             with pytest.raises(aiohttp.ClientError):
                 await pending
         await holder.execute("COMMIT")  # the orphaned transaction now finds its client gone
         await holder.close()
-        with _server(env, port):
+        with bullpen_up(env, port):
             status, replayed, task_id = await _create(http, base, boot, key)
             assert (status, replayed) == (201, False)  # nothing had committed: created now
             again = await _create(http, base, boot, key)
@@ -160,17 +134,17 @@ async def test_killed_under_load_every_key_ends_with_exactly_one_task(settings: 
             answered[key] = task_id
 
     async with aiohttp.ClientSession() as http:
-        with _server(env, port) as proc:
+        with bullpen_up(env, port) as server:
             clients = [asyncio.create_task(client(http)) for _ in range(16)]
             deadline = time.monotonic() + 30
             while len(answered) < 40 and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-            proc.send_signal(signal.SIGKILL)
+            server.proc.send_signal(signal.SIGKILL)
             results = await asyncio.gather(*clients, return_exceptions=True)
             assert all(isinstance(r, aiohttp.ClientError) for r in results), results
         lost = [key for key in sent if key not in answered]
         assert len(answered) >= 40 and lost  # the crash interrupted requests in flight
-        with _server(env, port):
+        with bullpen_up(env, port):
             for key in sent:  # every client retries its keys, answered or not
                 status, replayed, task_id = await _create(http, base, boot, key)
                 assert status == 201

@@ -31,32 +31,27 @@ from bullpen.bench.runqueue import bootstrap, enqueue
 from bullpen.settings import Settings
 from bullpen.store.base import Store
 from bullpen.store.tables import run_events, runs, tasks
+from tests.acceptance.processes import process_env
 
 TERMINAL = ("done", "failed", "cancelled")
 
 
 def worker_env(settings: Settings, **extra: Any) -> dict[str, str]:
     """The environment of a worker process on the test's database (fast simulator, short lease)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BULLPEN_")}
-    if settings.database_url is not None:
-        env["BULLPEN_DATABASE_URL"] = settings.database_url
-    env.update(
-        BULLPEN_DATA_DIR=str(settings.data_dir),
-        BULLPEN_SECRET_KEY=str(settings.secret_key),
-        BULLPEN_SIM_TTFT_MS="20",
-        BULLPEN_SIM_TOKENS_PER_SECOND="400",
-        BULLPEN_SIM_RESPONSE_TOKENS="8",
-        BULLPEN_LEASE_S="2",
-        BULLPEN_POLL_INTERVAL_S="0.5",
-        BULLPEN_RETRY_BACKOFF_S="0.2",
-        BULLPEN_RETRY_BACKOFF_MAX_S="2",
-        BULLPEN_MAX_ATTEMPTS="20",
-        BULLPEN_WORKER_CONCURRENCY="64",
-        BULLPEN_DRAIN_GRACE_S="10",
-        BULLPEN_HOUSEKEEPING_INTERVAL_S="3600",
-    )
-    env.update({f"BULLPEN_{k.upper()}": str(v) for k, v in extra.items()})
-    return env
+    defaults: dict[str, Any] = {
+        "sim_ttft_ms": 20,
+        "sim_tokens_per_second": 400,
+        "sim_response_tokens": 8,
+        "lease_s": 2,
+        "poll_interval_s": 0.5,
+        "retry_backoff_s": 0.2,
+        "retry_backoff_max_s": 2,
+        "max_attempts": 20,
+        "worker_concurrency": 64,
+        "drain_grace_s": 10,
+        "housekeeping_interval_s": 3600,
+    }
+    return process_env(settings, **{**defaults, **extra})
 
 
 class Workers:
