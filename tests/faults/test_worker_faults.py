@@ -13,7 +13,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,7 +26,7 @@ from bullpen.settings import Settings
 from bullpen.store.base import Store
 from bullpen.store.engine import create_store
 from bullpen.store.tables import runs, tasks
-from tests.acceptance.processes import free_port, wait_until_listening
+from tests.acceptance.processes import bullpen_up, free_port
 from tests.faults.cluster import (
     bootstrap,
     enqueue,
@@ -73,12 +72,14 @@ async def _held_by(store: Store, pid: int) -> list[object]:
         return list((await conn.execute(query)).scalars())
 
 
-async def _until(predicate: object, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not await predicate():  # type: ignore[operator]
+async def _until_holding(store: Store, pid: int, count: int) -> set[object]:
+    """Wait until the worker with this pid holds `count` runs; returns them."""
+    deadline = time.monotonic() + 30
+    while len(held := set(await _held_by(store, pid))) != count:
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
+            pytest.fail(f"timed out waiting for worker {pid} to hold {count} runs")
         await asyncio.sleep(0.1)
+    return held
 
 
 @BOTH
@@ -87,7 +88,10 @@ async def test_sigkill_storm_loses_and_duplicates_nothing(settings: Settings, db
     replaced) every 2 s (SQLite: 5 s)."""
     boot = await bootstrap(db, settings)
     task_ids = await enqueue(db, boot.workspace_id, boot.agent_id, 2000)
-    with workers(worker_env(settings)) as pool:
+    # Slow enough (16 slots, ~120 ms runs) that the 2,000 runs outlast the first kills even on
+    # an idle machine: one SQLite worker alone would otherwise finish before it is first killed.
+    slow = worker_env(settings, worker_concurrency=16, sim_ttft_ms=100)
+    with workers(slow) as pool:
         pool.start(_processes(settings, 3))
         rng = random.Random(4)
         kills = 0
@@ -119,11 +123,7 @@ async def test_a_paused_workers_late_writes_are_refused(settings: Settings, db: 
     with workers(env) as pool:
         (paused,) = pool.start(1)
         task_ids = await enqueue(db, boot.workspace_id, boot.agent_id, 10)
-
-        async def holding() -> bool:
-            return len(await _held_by(db, paused.pid)) == 10
-
-        await _until(holding, 30, "the first worker to hold every run")
+        await _until_holding(db, paused.pid, 10)
         os.kill(paused.pid, signal.SIGSTOP)
         pool.start(1)  # takes the runs over once the lease expires
         left = await wait_terminal(db, task_ids, LEASE_S + 60)
@@ -148,12 +148,7 @@ async def test_sigterm_lets_inflight_runs_finish_then_exits_0(
     with workers(env) as pool:
         (worker,) = pool.start(1)
         task_ids = await enqueue(db, boot.workspace_id, boot.agent_id, 6)
-
-        async def three_running() -> bool:
-            return len(await _held_by(db, worker.pid)) == 3
-
-        await _until(three_running, 30, "three runs in flight")
-        held = set(await _held_by(db, worker.pid))
+        held = await _until_holding(db, worker.pid, 3)
         worker.send_signal(signal.SIGTERM)
         started = time.monotonic()
         pool.collect(worker)
@@ -178,11 +173,7 @@ async def test_sigterm_past_the_grace_releases_runs_to_another_worker(
     with workers(slow) as pool:
         (worker,) = pool.start(1)
         task_ids = await enqueue(db, boot.workspace_id, boot.agent_id, 5)
-
-        async def all_held() -> bool:
-            return len(await _held_by(db, worker.pid)) == 5
-
-        await _until(all_held, 30, "five runs in flight")
+        await _until_holding(db, worker.pid, 5)
         worker.send_signal(signal.SIGTERM)
         started = time.monotonic()
         pool.collect(worker)
@@ -300,13 +291,6 @@ async def test_postgres_restarts_under_load_lose_nothing(settings: Settings, db:
         "BULLPEN_RATE_LIMIT_WORKSPACE_BURST": "100000",
     }
     port = free_port()
-    api = subprocess.Popen(
-        [sys.executable, "-m", "bullpen", "up", "--quiet", "--port", str(port)],
-        env=api_env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
     base = f"http://127.0.0.1:{port}"
     statuses: list[int] = []
     bad_answers: list[str] = []
@@ -341,8 +325,7 @@ async def test_postgres_restarts_under_load_lose_nothing(settings: Settings, db:
                 await asyncio.sleep(0.2)
             await asyncio.sleep(0.02)
 
-    try:
-        wait_until_listening(port, api)
+    with bullpen_up(api_env, port) as api:
         with workers(env) as pool:
             pool.start(2)
             async with aiohttp.ClientSession() as http:
@@ -366,10 +349,9 @@ async def test_postgres_restarts_under_load_lose_nothing(settings: Settings, db:
                 stored = (
                     await conn.execute(sa.select(sa.func.count()).select_from(tasks))
                 ).scalar_one()
-    finally:
-        if api.poll() is None:
-            api.terminate()
-        _, api_log = api.communicate(timeout=30)
+        api.proc.terminate()  # a clean shutdown, so its log is whole
+        api.proc.wait(30)
+    api_log = api.log
     assert not bad_answers, bad_answers[:5]
     assert 503 in statuses, "the outages were never seen by the API"
     assert len(created) > 50 and stored == len(created)  # no duplicate from a retried key
