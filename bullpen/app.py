@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -10,16 +11,20 @@ from datetime import UTC, datetime, timedelta
 from prometheus_client import CollectorRegistry
 
 from bullpen.bench.simprovider import SimConfig, SimulatedProvider
-from bullpen.gateway.client import GatewayClient, Timeouts
-from bullpen.gateway.providers import Provider, ProviderRegistry
+from bullpen.gateway.breaker import BreakerPolicy, Breakers
+from bullpen.gateway.catalog import Price, Provider, Timeouts
+from bullpen.gateway.client import GatewayClient
+from bullpen.gateway.metrics import GatewayMetrics
+from bullpen.gateway.router import Gateway, Router
 from bullpen.metrics import build_registry
 from bullpen.queue.wakeup import Listener, Notifier, asyncpg_dsn
 from bullpen.queue.worker import Worker, WorkerTuning
 from bullpen.services.auth import AuthService
 from bullpen.services.bootstrap import SIMULATED_MODEL, SIMULATED_PROVIDER
+from bullpen.services.gateway import Directory, UsageLedger
 from bullpen.services.housekeeping import Housekeeper
-from bullpen.services.ratelimit import CallerLimits, FailureWindow, TokenBuckets
-from bullpen.services.secrets import load_secret
+from bullpen.services.ratelimit import CallerLimits, FailureWindow, Slots, TokenBuckets
+from bullpen.services.secrets import SecretBox, load_secret
 from bullpen.services.tasks import TaskService
 from bullpen.settings import Settings
 from bullpen.store.base import Store
@@ -44,8 +49,12 @@ class Services:
     secret: bytes
     bus: MemoryBus
     eventlog: EventLog
-    gateway: GatewayClient
-    providers: ProviderRegistry
+    gateway: Gateway
+    directory: Directory
+    secret_box: SecretBox
+    ledger: UsageLedger
+    relay_slots: Slots
+    provider_defaults: Timeouts
     worker: Worker | None
     auth: AuthService
     tasks: TaskService
@@ -76,11 +85,10 @@ async def build(
     async with AsyncExitStack() as stack:
         store = await stack.enter_async_context(open_store(settings))
         secret = load_secret(settings.secret_key, settings.data_dir)
-        providers = ProviderRegistry()
+        defaults = provider_defaults(settings)
         simulator: SimulatedProvider | None = None
-        if settings.sim_url:
-            providers.register(Provider(SIMULATED_PROVIDER, settings.sim_url))
-        elif settings.sim_enabled:
+        sim_url = settings.sim_url
+        if not sim_url and settings.sim_enabled:
             simulator = await stack.enter_async_context(
                 SimulatedProvider(
                     SimConfig(
@@ -91,20 +99,51 @@ async def build(
                     )
                 )
             )
-            providers.register(Provider(SIMULATED_PROVIDER, simulator.base_url))
+            sim_url = simulator.base_url
+        builtins = []
+        if sim_url:
+            builtins.append(
+                Provider(
+                    key="builtin:" + SIMULATED_PROVIDER,
+                    name=SIMULATED_PROVIDER,
+                    base_url=sim_url,
+                    timeouts=defaults,
+                    prices={SIMULATED_MODEL: Price()},  # simulated tokens cost nothing
+                    builtin=True,
+                )
+            )
         bus = MemoryBus()
         eventlog = await stack.enter_async_context(
             EventLog(store, bus, coalesce_s=settings.coalesce_ms / 1000, clock=clock)
         )
-        gateway = await stack.enter_async_context(
-            GatewayClient(
-                Timeouts(
-                    connect_s=settings.provider_connect_timeout_s,
-                    ttft_s=settings.provider_ttft_timeout_s,
-                    idle_s=settings.provider_idle_timeout_s,
-                )
+        client = await stack.enter_async_context(GatewayClient())
+        breakers = Breakers(
+            BreakerPolicy(
+                failures=settings.gateway_breaker_failures,
+                window_s=settings.gateway_breaker_window_s,
+                cooldown_s=settings.gateway_breaker_cooldown_s,
             )
         )
+        readers: dict[str, tuple[str, Callable[[], float]]] = {}
+        registry = build_registry(readers)
+        box = SecretBox(secret)
+        directory = Directory(
+            store,
+            box,
+            builtins=builtins,
+            ttl_s=settings.gateway_catalog_ttl_s,
+            clock=time.monotonic,
+        )
+        gateway = Gateway(
+            Router(
+                client,
+                breakers,
+                GatewayMetrics(registry, breakers),
+                retry_after_max_s=settings.gateway_retry_after_max_s,
+            ),
+            directory,
+        )
+        ledger = await stack.enter_async_context(UsageLedger(store))
         worker: Worker | None = None
         if settings.worker_enabled:
             worker = await stack.enter_async_context(
@@ -112,7 +151,6 @@ async def build(
                     store,
                     eventlog,
                     gateway,
-                    providers,
                     tuning=worker_tuning(settings),
                     clock=clock,
                     publish=bus.publish,
@@ -126,10 +164,8 @@ async def build(
             if worker is not None:
                 await stack.enter_async_context(Listener(dsn, worker.notify))
         await stack.enter_async_context(Housekeeper(store, clock, settings.housekeeping_interval_s))
-        readers: dict[str, tuple[str, Callable[[], float]]] = {
-            "bullpen_sse_subscribers": ("Live SSE subscribers", lambda: bus.subscriber_count),
-            "bullpen_event_commits": ("Event log group commits", lambda: eventlog.commits),
-        }
+        readers["bullpen_sse_subscribers"] = ("Live SSE subscribers", lambda: bus.subscriber_count)
+        readers["bullpen_event_commits"] = ("Event log group commits", lambda: eventlog.commits)
         if worker is not None:
             readers["bullpen_runs_inflight"] = ("Runs executing", lambda: worker.inflight)
             readers["bullpen_runs_completed"] = (
@@ -157,7 +193,11 @@ async def build(
             bus=bus,
             eventlog=eventlog,
             gateway=gateway,
-            providers=providers,
+            directory=directory,
+            secret_box=box,
+            ledger=ledger,
+            relay_slots=Slots(settings.relay_max_streams, "relay streams"),
+            provider_defaults=defaults,
             worker=worker,
             auth=AuthService(
                 store,
@@ -192,10 +232,20 @@ async def build(
                     what="this workspace",
                 ),
             ),
-            metrics=build_registry(readers),
+            metrics=registry,
             clock=clock,
             simulator=simulator,
         )
+
+
+def provider_defaults(settings: Settings) -> Timeouts:
+    """The timeouts of providers that set none of their own."""
+    return Timeouts(
+        connect_s=settings.provider_connect_timeout_s,
+        ttft_s=settings.provider_ttft_timeout_s,
+        idle_s=settings.provider_idle_timeout_s,
+        deadline_s=settings.provider_deadline_s,
+    )
 
 
 def worker_tuning(settings: Settings) -> WorkerTuning:

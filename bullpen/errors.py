@@ -14,6 +14,13 @@ BullpenError
 ├── RateLimited           429  slow down (always with retry_after)
 ├── Unavailable           503  a dependency (database) is away
 └── ProviderError         502  an LLM provider call failed
+    ├── ProviderUnavailable      503  every provider of the route failed or was skipped
+    ├── ProviderTimeout          504  no first token, or no chunk, within the limit
+    ├── ProviderRejected         400  the provider refused the request itself
+    ├── ProviderAuth             502  the provider refused Bullpen's credentials
+    ├── ProviderSpendLimit       402  the provider's quota or spend limit is exhausted
+    └── ProviderIncomplete       502  the stream failed after text reached the caller
+ModelNotFound (NotFound)     404  no route or provider model by that name
 """
 
 from __future__ import annotations
@@ -141,8 +148,82 @@ class Unavailable(BullpenError):
 
 
 class ProviderError(BullpenError):
-    """An LLM provider call failed (connect, HTTP status, stream error, timeout)."""
+    """An LLM provider call failed (connect, HTTP status, stream error, timeout).
+
+    `reason` names what happened in a word or two (`http-503`, `ttft-timeout`, ...) for the
+    run's record of attempts and the metrics; `transient` says whether another provider, or a
+    later try, may succeed.
+    """
 
     status = 502
     slug = "provider"
     title = "Provider error"
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        reason: str | None = None,
+        retry_after: float | None = None,
+        errors: list[dict[str, Any]] | None = None,
+        transient: bool | None = None,
+    ) -> None:
+        super().__init__(detail, retry_after=retry_after, errors=errors, transient=transient)
+        self.reason = reason or self.slug
+
+
+class ProviderUnavailable(ProviderError):
+    """Every provider of the chain failed in a way worth retrying later, or was skipped."""
+
+    status = 503
+    slug = "provider-unavailable"
+    title = "No provider available"
+    transient_by_default = True
+
+
+class ProviderTimeout(ProviderError):
+    """A provider sent no first token, or no next chunk, within its limit."""
+
+    status = 504
+    slug = "provider-timeout"
+    title = "Provider timed out"
+    transient_by_default = True
+
+
+class ProviderRejected(ProviderError):
+    """The provider refused the request as malformed or unsupported (its 400-class answer)."""
+
+    status = 400
+    slug = "provider-rejected"
+    title = "Provider rejected the request"
+
+
+class ProviderAuth(ProviderError):
+    """The provider refused the configured API key."""
+
+    status = 502
+    slug = "provider-auth"
+    title = "Provider refused the credentials"
+
+
+class ProviderSpendLimit(ProviderError):
+    """The provider's quota or spend limit is used up; retrying will not help."""
+
+    status = 402
+    slug = "provider-spend-limit"
+    title = "Provider spend limit reached"
+
+
+class ProviderIncomplete(ProviderError):
+    """The stream broke after content reached the caller; the partial text is kept as is."""
+
+    status = 502
+    slug = "provider-incomplete"
+    title = "Provider stream incomplete"
+
+
+class ModelNotFound(NotFound):
+    """No model route or provider model has that name in the workspace."""
+
+    slug = "model-not-found"
+    title = "Model not found"

@@ -75,10 +75,26 @@ class Settings(BaseSettings):
     sim_tokens_per_second: float = Field(default=50.0, gt=0)
     sim_response_tokens: int = Field(default=64, ge=1)
 
-    # Provider calls.
+    # Provider calls: the defaults of providers that set no timeouts of their own.
     provider_connect_timeout_s: float = Field(default=10.0, gt=0)
     provider_ttft_timeout_s: float = Field(default=60.0, gt=0)
     provider_idle_timeout_s: float = Field(default=60.0, gt=0)
+    provider_deadline_s: float = Field(default=600.0, gt=0)
+
+    # The gateway.
+    # A 429 whose Retry-After is at most this is waited out once on the same provider; a longer
+    # one moves on to the next provider of the route at once.
+    gateway_retry_after_max_s: float = Field(default=2.0, ge=0)
+    # A provider's circuit breaker opens after this many failures within the window, skips the
+    # provider for the cooldown, then lets one probe through.
+    gateway_breaker_failures: int = Field(default=5, ge=1)
+    gateway_breaker_window_s: float = Field(default=30.0, gt=0)
+    gateway_breaker_cooldown_s: float = Field(default=30.0, gt=0)
+    # How long a process reuses a workspace's providers and routes before reading them again
+    # (changes made through this process apply at once).
+    gateway_catalog_ttl_s: float = Field(default=2.0, ge=0)
+    # Relay streams open at once in this process; beyond it the relay answers 503.
+    relay_max_streams: int = Field(default=2000, ge=1)
 
     @field_validator("database_url")
     @classmethod

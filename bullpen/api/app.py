@@ -20,6 +20,8 @@ from bullpen.api.routes import (
     api_keys,
     audit,
     members,
+    providers,
+    relay,
     runs,
     system,
     tasks,
@@ -64,7 +66,19 @@ class SecurityHeaders:
 
 
 API_ROUTERS: list[APIRouter] = [
-    module.router for module in (workspaces, members, users, api_keys, agents, tasks, runs, audit)
+    module.router
+    for module in (
+        workspaces,
+        members,
+        users,
+        api_keys,
+        agents,
+        tasks,
+        runs,
+        audit,
+        providers,
+        relay,
+    )
 ]
 
 

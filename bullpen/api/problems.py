@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 
 PROBLEM_BASE = "https://bullpen.dev/problems/"
 MEDIA_TYPE = "application/problem+json"
+RELAY_PREFIX = "/v1/"
 
 _HTTP_SLUGS = {
     400: ("bad-request", "Bad request"),
@@ -56,6 +57,9 @@ def problem(
         body["instance"] = instance
     if errors is not None:
         body["errors"] = errors
+    if instance is not None and instance.startswith(RELAY_PREFIX):
+        # OpenAI clients read `error.message`; the problem members stay the contract.
+        body["error"] = {"message": detail, "type": slug, "code": slug, "param": None}
     return Response(orjson.dumps(body), status_code=status, media_type=MEDIA_TYPE, headers=headers)
 
 

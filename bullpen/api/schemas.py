@@ -149,6 +149,16 @@ class RunPublic(BaseModel):
     input_tokens: int | None
     output_tokens: int | None
     error: str | None
+    error_code: str | None = Field(
+        description="The problem type slug of the error (`provider-timeout`, "
+        "`provider-incomplete`, ...); see the README's gateway section",
+        examples=["provider-unavailable"],
+    )
+    cost_usd: float | None = Field(description="What the provider call cost, from the price table")
+    llm_calls: list[dict[str, Any]] | None = Field(
+        description="Every provider attempt of the last delivery: provider, model, outcome "
+        "(ok, failed, skipped, incomplete, cancelled), reason, ttft_ms, duration_ms, tokens"
+    )
 
     @classmethod
     def from_row(cls, row: Any) -> RunPublic:
@@ -172,6 +182,9 @@ class RunPublic(BaseModel):
             input_tokens=row.input_tokens,
             output_tokens=row.output_tokens,
             error=row.error,
+            error_code=row.error_code,
+            cost_usd=row.cost_usd,
+            llm_calls=row.llm_calls,
         )
 
 

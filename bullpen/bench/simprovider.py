@@ -7,18 +7,53 @@ can compute the exact expected text. Every response carries `X-Bullpen-Simulated
 
 Sampling fields (`temperature`, `top_p`, `n`, `seed`, `stop`, `tools`, ...) are accepted and
 ignored: the text depends only on the messages and on the token cap.
+
+Faults make it misbehave the way real providers do, so timeouts, retries and fallbacks can be
+tested over real sockets. A request's fault comes from, highest precedence first: the header
+`X-Bullpen-Sim-Fault: <spec>`; a model named `<model>@<spec>` (e.g. `sim-1@503`, answered under
+that whole name, while `/v1/models` lists only the plain names); the provider's `fault`, which
+starts as `SimConfig.fault` and may be changed while it runs. Faults apply to valid requests: a
+malformed body or an unknown base model is refused as usual, and a bad spec is a 400 with code
+`invalid_fault`. A spec is `name` or `name:arg`:
+
+    hang           200 and SSE headers, then nothing until the client leaves
+    hang-after:N   N content tokens after the role chunk, then nothing until the client leaves
+    429, 429:S     429 rate_limit_exceeded with `Retry-After: S`, S as given (default 1)
+    500, 502, 503  that status, with an OpenAI server_error body
+    529            529 with Anthropic's overloaded_error body
+    spend-limit    429 insufficient_quota, OpenAI's out-of-credit answer, with no Retry-After
+    401            401 invalid_api_key
+    400            400 invalid_request_error
+    echo-error     401 whose message quotes the Authorization header, as real providers do
+    error-after:N  N content tokens, a `data: {"error": ...}` frame, then a clean end
+    cut-after:N    N content tokens, then the connection closes with the body unfinished
+    no-finish      every token, then a clean end with no finish chunk, usage chunk or [DONE]
+    slow:TPS       TPS tokens per second (a decimal > 0) instead of the configured rate
+    echo           the text is the JSON of {"headers": ..., "body": ...} of the request, sent
+                   in 7-character tokens whatever the token cap
+
+N is a whole number (0 allowed; beyond the completion's length it means all of it). Status
+faults answer at once; the others keep the TTFT. Not streamed: `hang` and `hang-after` never
+answer, `cut-after` closes the connection instead of answering, `error-after` answers 500,
+`no-finish` answers `finish_reason: null`. `SimulatedProvider.requests` counts every chat
+completion request by the model it named, faulted and refused ones included.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import enum
+import functools
 import hashlib
 import hmac
 import math
 import random
+import re
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
@@ -42,6 +77,9 @@ _SHUTDOWN_GRACE_S: Final = 1.0
 _LISTEN_BACKLOG: Final = 4096
 _ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _DONE_FRAME: Final = b"data: [DONE]\n\n"
+_CHAT_PATH: Final = "/v1/chat/completions"
+_FAULT_HEADER: Final = "X-Bullpen-Sim-Fault"
+_ECHO_CHUNK_CHARS: Final = 7
 _VOCABULARY: Final = tuple(
     """
     the of and to in is it that was for on are with as his they be at one have this from or
@@ -63,13 +101,14 @@ _VOCABULARY: Final = tuple(
 
 @dataclass(frozen=True)
 class SimConfig:
-    """How the simulated provider behaves: latency, speed, length, models and key."""
+    """How the simulated provider behaves: latency, speed, length, models, key and fault."""
 
     ttft_ms: float = 380.0  # the time to first token the reference benchmark reported
     tokens_per_second: float = 50.0
     response_tokens: int = 64
     models: tuple[str, ...] = ("sim-1",)
     api_key: str | None = None
+    fault: str | None = None  # a fault spec (see the module docstring) for every request
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.ttft_ms) and self.ttft_ms >= 0):
@@ -93,6 +132,10 @@ class SimConfig:
             )
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must be a non-empty string, or None for no authentication")
+        if self.fault is not None:
+            if not isinstance(self.fault, str):
+                raise ValueError(f"fault must be a fault spec or None, got {self.fault!r}")
+            _parse_fault(self.fault)
 
 
 def completion_tokens(messages: Sequence[Mapping[str, Any]], n: int) -> list[str]:
@@ -149,23 +192,23 @@ async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamRe
         return _error_response(exc.status, message)
 
 
-def _require_api_key(api_key: str) -> Middleware:
+def _require_api_key(
+    api_key: str, on_refusal: Callable[[web.Request], Awaitable[None]]
+) -> Middleware:
     expected = api_key.encode()
 
     @web.middleware
     async def require_api_key(request: web.Request, handler: Handler) -> web.StreamResponse:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise _ApiError(
-                401,
-                "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
-                code="invalid_api_key",
-            )
+            message = "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
         # surrogateescape round-trips whatever bytes aiohttp decoded the header from.
-        given = token.strip().encode("utf-8", "surrogateescape")
-        if not hmac.compare_digest(given, expected):
-            raise _ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
-        return await handler(request)
+        elif not hmac.compare_digest(token.strip().encode("utf-8", "surrogateescape"), expected):
+            message = "Incorrect API key provided."
+        else:
+            return await handler(request)
+        await on_refusal(request)
+        raise _ApiError(401, message, code="invalid_api_key")
 
     return require_api_key
 
@@ -264,6 +307,7 @@ class _ChatRequest:
     stream: bool
     include_usage: bool
     max_tokens: int | None
+    model_fault: str | None  # the spec after the `@` of `<model>@<spec>`
 
 
 def _parse_chat(body: object, models: frozenset[str]) -> _ChatRequest:
@@ -304,14 +348,18 @@ def _parse_chat(body: object, models: frozenset[str]) -> _ChatRequest:
         )
         if cap is not None
     ]
+    model_fault = None
     if model not in models:
-        raise _ApiError(
-            404,
-            f"The model `{model}` does not exist or you do not have access to it.",
-            param="model",
-            code="model_not_found",
-        )
-    return _ChatRequest(model, messages, stream, include_usage, min(caps) if caps else None)
+        base, at, model_fault = model.rpartition("@")
+        if not at or base not in models:
+            raise _ApiError(
+                404,
+                f"The model `{model}` does not exist or you do not have access to it.",
+                param="model",
+                code="model_not_found",
+            )
+    max_tokens = min(caps) if caps else None
+    return _ChatRequest(model, messages, stream, include_usage, max_tokens, model_fault)
 
 
 async def _read_json(request: web.Request) -> object:
@@ -330,6 +378,164 @@ async def _sleep_until(deadline: float) -> None:
     delay = deadline - asyncio.get_running_loop().time()
     if delay > 0:
         await asyncio.sleep(delay)
+
+
+class _End(enum.Enum):
+    """How a stream ends once its content tokens are out."""
+
+    FINISH = enum.auto()  # the healthy ending: finish chunk, usage chunk if asked for, [DONE]
+    CLOSE = enum.auto()  # a clean end of body and nothing else (no-finish)
+    ERROR = enum.auto()  # an in-band error frame, then a clean end (error-after)
+    CUT = enum.auto()  # the connection closed with the body unfinished (cut-after)
+    HANG = enum.auto()  # nothing more until the client leaves (hang, hang-after)
+
+
+_Refusal = Callable[[web.Request], web.Response]
+
+
+@dataclass(frozen=True, slots=True)
+class _Fault:
+    """What a fault spec changes about a response; the defaults change nothing."""
+
+    spec: str
+    refusal: _Refusal | None = None  # answered at once, instead of a completion
+    silent: bool = False  # not even the role chunk goes out (hang)
+    after: int | None = None  # content tokens sent before `end`; None sends them all
+    end: _End = _End.FINISH
+    interval_s: float | None = None  # seconds per token, instead of the configured rate
+    echo: bool = False
+
+
+_NO_FAULT: Final = _Fault("")
+
+
+def _openai_error(message: str, kind: str, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def _refusal(
+    status: int, error: Mapping[str, Any], headers: Mapping[str, str] | None = None
+) -> _Refusal:
+    raw = orjson.dumps(error)  # serialised once per spec, not once per request
+
+    def refuse(request: web.Request) -> web.Response:
+        return web.Response(
+            status=status, body=raw, headers=headers, content_type="application/json"
+        )
+
+    return refuse
+
+
+def _rate_limited(retry_after: str) -> _Refusal:
+    message = f"Rate limit reached for requests. Please try again in {retry_after}s."
+    error = _openai_error(message, "requests", "rate_limit_exceeded")
+    return _refusal(429, error, {"Retry-After": retry_after})
+
+
+def _echo_key_error(request: web.Request) -> web.Response:
+    message = f"Incorrect API key provided: {request.headers.get('Authorization', '')}."
+    error = _openai_error(message, "invalid_request_error", "invalid_api_key")
+    return web.Response(status=401, body=orjson.dumps(error), content_type="application/json")
+
+
+def _status_fault(
+    spec: str, status: int, message: str, kind: str, code: str | None = None
+) -> _Fault:
+    return _Fault(spec, refusal=_refusal(status, _openai_error(message, kind, code)))
+
+
+_SERVER_ERROR: Final = _openai_error(
+    "The server had an error while processing your request. Sorry about that!", "server_error"
+)
+_ERROR_FRAME: Final = b"data: " + orjson.dumps(_SERVER_ERROR) + b"\n\n"
+_internal_error = _refusal(500, _SERVER_ERROR)
+_QUOTA_MESSAGE: Final = (
+    "You exceeded your current quota, please check your plan and billing details."
+)
+_ANTHROPIC_OVERLOADED: Final = {
+    "type": "error",
+    "error": {"type": "overloaded_error", "message": "Overloaded"},
+}
+_FIXED_FAULTS: Final = {
+    fault.spec: fault
+    for fault in (
+        _Fault("hang", silent=True, after=0, end=_End.HANG),
+        _Fault("no-finish", end=_End.CLOSE),
+        _Fault("echo", echo=True),
+        _Fault("echo-error", refusal=_echo_key_error),
+        _Fault("429", refusal=_rate_limited("1")),
+        _Fault("500", refusal=_internal_error),
+        _status_fault("502", 502, "Bad gateway.", "server_error"),
+        _status_fault("503", 503, "The server is overloaded or not ready yet.", "server_error"),
+        _Fault("529", refusal=_refusal(529, _ANTHROPIC_OVERLOADED)),
+        _status_fault(
+            "spend-limit", 429, _QUOTA_MESSAGE, "insufficient_quota", "insufficient_quota"
+        ),
+        _status_fault(
+            "401", 401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
+        ),
+        _status_fault("400", 400, "Simulated invalid request.", "invalid_request_error"),
+    )
+}
+_COUNTED_ENDS: Final = {"hang-after": _End.HANG, "error-after": _End.ERROR, "cut-after": _End.CUT}
+_WHOLE: Final = re.compile(r"[0-9]+")
+_DECIMAL: Final = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+_GRAMMAR: Final = (
+    "hang, hang-after:N, 429, 429:S, 500, 502, 503, 529, spend-limit, 401, 400, echo-error, "
+    "error-after:N, cut-after:N, no-finish, slow:TPS, echo"
+)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_fault(spec: str) -> _Fault:
+    """Parse a fault spec (grammar in the module docstring), raising ValueError if it is bad."""
+    fixed = _FIXED_FAULTS.get(spec)
+    if fixed is not None:
+        return fixed
+    name, colon, arg = spec.partition(":")
+    if name in _COUNTED_ENDS and _WHOLE.fullmatch(arg):
+        return _Fault(spec, after=int(arg), end=_COUNTED_ENDS[name])
+    if name == "429" and _DECIMAL.fullmatch(arg):
+        return _Fault(spec, refusal=_rate_limited(arg))
+    if name == "slow" and _DECIMAL.fullmatch(arg) and float(arg) > 0:
+        return _Fault(spec, interval_s=1 / float(arg))
+    if name in _COUNTED_ENDS:
+        why = f"{name} takes a whole number of tokens, as in {name}:3"
+    elif name == "429":
+        why = "429 takes a Retry-After in seconds, as in 429:0.5"
+    elif name == "slow":
+        why = "slow takes a rate in tokens per second above 0, as in slow:20"
+    elif name in _FIXED_FAULTS and colon:
+        why = f"{name} takes no argument"
+    else:
+        why = "unknown fault"
+    raise ValueError(f"Invalid fault {spec!r}: {why}. Faults: {_GRAMMAR}.")
+
+
+def _request_fault(spec: str, param: str | None) -> _Fault:
+    try:
+        return _parse_fault(spec)
+    except ValueError as exc:
+        raise _ApiError(400, str(exc), param=param, code="invalid_fault") from exc
+
+
+def _echo_tokens(request: web.Request, body: object) -> list[str]:
+    # str(): the names are multidict's istr, a str subclass orjson refuses as a dict key.
+    headers = {str(name): value for name, value in request.headers.items()}
+    text = orjson.dumps({"headers": headers, "body": body}).decode()
+    return [text[i : i + _ECHO_CHUNK_CHARS] for i in range(0, len(text), _ECHO_CHUNK_CHARS)]
+
+
+async def _hang() -> None:
+    # Ends only by cancellation: the client leaving (handler_cancellation) or shutdown.
+    await asyncio.get_running_loop().create_future()
+
+
+def _cut(request: web.Request) -> None:
+    # close(), not abort(): close sends what is still buffered first, so the client gets every
+    # token written before the connection drops, then an unfinished chunked body.
+    if request.transport is not None:
+        request.transport.close()
 
 
 class _StreamFrames:
@@ -371,12 +577,21 @@ class _StreamFrames:
         """Return the trailing chunk with token counts and no choices."""
         return b"data: " + orjson.dumps({**self._envelope, "choices": [], "usage": usage}) + b"\n\n"
 
+    def ending(self, end: _End, finish_reason: str, usage: Mapping[str, int]) -> bytes:
+        """Return the frames that follow the content tokens for a stream that ends with `end`."""
+        if end is _End.FINISH:
+            usage_chunk = self.usage(usage) if self.include_usage else b""
+            return self.finish(finish_reason) + usage_chunk + _DONE_FRAME
+        return _ERROR_FRAME if end is _End.ERROR else b""
+
 
 class _Simulator:
-    """The request handlers, bound to one configuration."""
+    """The request handlers, bound to one configuration, with the counts and fault they share."""
 
     def __init__(self, config: SimConfig) -> None:
-        self._config = config
+        self.config = config
+        self.requests: Counter[str] = Counter()
+        self.fault = None if config.fault is None else _parse_fault(config.fault)
         self._models = frozenset(config.models)
         self._ttft_s = config.ttft_ms / 1000
         self._interval_s = 1 / config.tokens_per_second
@@ -390,6 +605,28 @@ class _Simulator:
             }
         )
 
+    def _count(self, body: object) -> None:
+        model = body.get("model") if isinstance(body, dict) else None
+        self.requests[model if isinstance(model, str) else ""] += 1
+
+    async def count_refusal(self, request: web.Request) -> None:
+        """Count a request the API-key check turned away, if it was a chat completion."""
+        if request.method == "POST" and request.path == _CHAT_PATH:
+            body: object = None
+            with contextlib.suppress(_ApiError, web.HTTPException):
+                body = await _read_json(request)
+            self._count(body)
+
+    def _fault_for(self, request: web.Request, chat: _ChatRequest) -> _Fault:
+        # Later sources override earlier ones, but every spec given is checked.
+        fault = self.fault
+        if chat.model_fault is not None:
+            fault = _request_fault(chat.model_fault, "model")
+        header = request.headers.get(_FAULT_HEADER)
+        if header is not None:
+            fault = _request_fault(header, None)
+        return _NO_FAULT if fault is None else fault
+
     async def list_models(self, request: web.Request) -> web.Response:
         """Serve `GET /v1/models`."""
         return web.Response(body=self._models_body, content_type="application/json")
@@ -397,20 +634,44 @@ class _Simulator:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """Serve `POST /v1/chat/completions`."""
         started = asyncio.get_running_loop().time()
-        chat = _parse_chat(await _read_json(request), self._models)
-        limit = self._config.response_tokens
-        n = limit if chat.max_tokens is None else min(limit, chat.max_tokens)
-        tokens = completion_tokens(chat.messages, n)
+        body: object = None
+        try:
+            body = await _read_json(request)
+        finally:
+            self._count(body)
+        chat = _parse_chat(body, self._models)
+        fault = self._fault_for(request, chat)
+        if fault.refusal is not None:
+            return fault.refusal(request)
+        limit = self.config.response_tokens
+        if fault.echo:
+            tokens = _echo_tokens(request, body)
+            finish_reason = "stop"
+        else:
+            n = limit if chat.max_tokens is None else min(limit, chat.max_tokens)
+            tokens = completion_tokens(chat.messages, n)
+            finish_reason = "length" if n < limit else "stop"
+        n = len(tokens)
         prompt = _prompt_tokens(chat.messages)
         usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
-        finish_reason = "length" if n < limit else "stop"
+        if fault.after is not None:
+            tokens = tokens[: fault.after]
+        interval_s = self._interval_s if fault.interval_s is None else fault.interval_s
         completion_id = "chatcmpl-" + secrets.token_hex(12)
         created = int(time.time())
         if chat.stream:
             frames = _StreamFrames(completion_id, created, chat.model, chat.include_usage)
-            return await self._stream(request, started, tokens, frames, finish_reason, usage)
-        await _sleep_until(started + self._ttft_s + (n - 1) * self._interval_s)
-        body = {
+            ending = frames.ending(fault.end, finish_reason, usage)
+            return await self._stream(request, started, tokens, frames, ending, interval_s, fault)
+        if fault.end is _End.HANG:
+            await _hang()
+        await _sleep_until(started + self._ttft_s + max(len(tokens) - 1, 0) * interval_s)
+        if fault.end is _End.CUT:
+            _cut(request)
+            return web.Response()  # never sent: the connection is already closing
+        if fault.end is _End.ERROR:
+            return _internal_error(request)
+        completion = {
             "id": completion_id,
             "object": "chat.completion",
             "created": created,
@@ -421,12 +682,12 @@ class _Simulator:
                     "index": 0,
                     "message": {"role": "assistant", "content": "".join(tokens)},
                     "logprobs": None,
-                    "finish_reason": finish_reason,
+                    "finish_reason": None if fault.end is _End.CLOSE else finish_reason,
                 }
             ],
             "usage": usage,
         }
-        return web.Response(body=orjson.dumps(body), content_type="application/json")
+        return web.Response(body=orjson.dumps(completion), content_type="application/json")
 
     async def _stream(
         self,
@@ -434,8 +695,9 @@ class _Simulator:
         started: float,
         tokens: list[str],
         frames: _StreamFrames,
-        finish_reason: str,
-        usage: Mapping[str, int],
+        ending: bytes,
+        interval_s: float,
+        fault: _Fault,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -445,22 +707,24 @@ class _Simulator:
         loop = asyncio.get_running_loop()
         try:
             await _sleep_until(first_due)
-            pending = [frames.role()]
+            pending = [] if fault.silent else [frames.role()]
             for i, token in enumerate(tokens):
                 # Each token has a fixed slot on the schedule, so lateness never accumulates;
                 # tokens already overdue (a loaded loop) go out together in one write.
-                delay = first_due + i * self._interval_s - loop.time()
+                delay = first_due + i * interval_s - loop.time()
                 if delay > 0:
                     await response.write(b"".join(pending))
                     pending.clear()
                     await asyncio.sleep(delay)
                 pending += (frames.content_head, orjson.dumps(token), frames.content_tail)
-            pending.append(frames.finish(finish_reason))
-            if frames.include_usage:
-                pending.append(frames.usage(usage))
-            pending.append(_DONE_FRAME)
+            pending.append(ending)
             await response.write(b"".join(pending))
-            await response.write_eof()
+            if fault.end is _End.CUT:
+                _cut(request)
+            elif fault.end is _End.HANG:
+                await _hang()
+            else:
+                await response.write_eof()
         except ConnectionResetError:
             pass  # the client hung up; there is nobody left to tell
         return response
@@ -468,12 +732,15 @@ class _Simulator:
 
 def build_app(config: SimConfig) -> web.Application:
     """Build the simulator's aiohttp application for `config`."""
-    simulator = _Simulator(config)
+    return _build_app(_Simulator(config))
+
+
+def _build_app(simulator: _Simulator) -> web.Application:
     middlewares: list[Middleware] = [_openai_errors]
-    if config.api_key is not None:
-        middlewares.append(_require_api_key(config.api_key))
+    if simulator.config.api_key is not None:
+        middlewares.append(_require_api_key(simulator.config.api_key, simulator.count_refusal))
     app = web.Application(client_max_size=_MAX_BODY_BYTES, middlewares=middlewares)
-    app.router.add_post("/v1/chat/completions", simulator.chat_completions)
+    app.router.add_post(_CHAT_PATH, simulator.chat_completions)
     app.router.add_get("/v1/models", simulator.list_models)
     app.on_response_prepare.append(_label_simulated)
     return app
@@ -486,7 +753,27 @@ class SimulatedProvider:
         self.config = config
         self.host = host
         self.port = port  # 0 asks the OS for a free port; the bound one is known after entry
+        self._simulator = _Simulator(config)
         self._runner: web.AppRunner | None = None
+
+    @property
+    def fault(self) -> str | None:
+        """The fault spec for requests that name none themselves; None for a healthy provider."""
+        return None if self._simulator.fault is None else self._simulator.fault.spec
+
+    @fault.setter
+    def fault(self, spec: str | None) -> None:
+        self._simulator.fault = None if spec is None else _parse_fault(spec)
+
+    @property
+    def requests(self) -> Counter[str]:
+        """Chat completion requests received, by the model they named ("" for none)."""
+        return self._simulator.requests
+
+    @property
+    def total_requests(self) -> int:
+        """Return how many chat completion requests were received."""
+        return self._simulator.requests.total()
 
     @property
     def base_url(self) -> str:
@@ -499,7 +786,7 @@ class SimulatedProvider:
             raise RuntimeError("this SimulatedProvider is already running")
         # Cancelling a disconnected client's handler frees its sleeping stream at once.
         runner = web.AppRunner(
-            build_app(self.config),
+            _build_app(self._simulator),
             access_log=None,
             handler_cancellation=True,
             shutdown_timeout=_SHUTDOWN_GRACE_S,

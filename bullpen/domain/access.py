@@ -30,6 +30,9 @@ class Permission(StrEnum):
     TASKS_READ = "tasks:read"
     TASKS_WRITE = "tasks:write"
     AUDIT_READ = "audit:read"
+    PROVIDERS_READ = "providers:read"  # providers (never their keys) and model routes
+    PROVIDERS_WRITE = "providers:write"
+    LLM_USE = "llm:use"  # call models through the relay, spending the workspace's money
 
 
 ALL_SCOPES = "*"
@@ -42,15 +45,17 @@ _VIEWER = frozenset(
         Permission.KEYS_WRITE,
         Permission.AGENTS_READ,
         Permission.TASKS_READ,
+        Permission.PROVIDERS_READ,
     }
 )
-_MEMBER = _VIEWER | {Permission.TASKS_WRITE}
+_MEMBER = _VIEWER | {Permission.TASKS_WRITE, Permission.LLM_USE}
 _ADMIN = _MEMBER | {
     Permission.WORKSPACE_WRITE,
     Permission.MEMBERS_WRITE,
     Permission.KEYS_ADMIN,
     Permission.AGENTS_WRITE,
     Permission.AUDIT_READ,
+    Permission.PROVIDERS_WRITE,
 }
 _OWNER = _ADMIN | {Permission.WORKSPACE_DELETE}
 
@@ -69,6 +74,8 @@ AGENT_PERMISSIONS: frozenset[Permission] = frozenset(
         Permission.AGENTS_READ,
         Permission.TASKS_READ,
         Permission.TASKS_WRITE,
+        Permission.PROVIDERS_READ,
+        Permission.LLM_USE,
     }
 )
 

@@ -1,53 +1,71 @@
-"""Streaming chat completions over pooled aiohttp sessions, parsed with orjson (no SDK)."""
+"""One streaming chat completion against one provider, over pooled aiohttp sessions (no SDK).
+
+Every call streams upstream, whatever the caller asked for: the gateway needs the first token
+to know when fallback stops being allowed. Chunks are parsed with orjson and handed on as
+dicts. Failures become typed errors whose `transient` flag says whether the next provider of
+a chain may be tried, and whose `reason` names what happened (for the run's attempt record
+and the metrics).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
 
-from bullpen.errors import ProviderError
-from bullpen.gateway.providers import Provider
+from bullpen.errors import (
+    ProviderAuth,
+    ProviderError,
+    ProviderRejected,
+    ProviderSpendLimit,
+    ProviderTimeout,
+)
+from bullpen.gateway.catalog import Provider
+from bullpen.gateway.redact import scrub
 
 _DATA = b"data:"
 _DONE = b"[DONE]"
-
-
-# Overloaded or briefly away: the same request may succeed later.
-_TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504, 529})
+_NEWLINE = b"\n"
+# Overloaded or briefly away: the same request may succeed later, or elsewhere.
+_TRANSIENT_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+_QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached", "spend_limit"})
+_ERROR_BODY_BYTES = 4096
+_MESSAGE_CHARS = 300
 
 
 @dataclass(slots=True)
-class StreamResult:
-    """What a finished stream reported besides its text."""
+class Exchange:
+    """What one attempt against one provider produced, besides the chunks themselves."""
 
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    finish_reason: str | None = None
     ttft_s: float | None = None
+    finish_reason: str | None = None
+    input_tokens: int | None = None
+    cached_input_tokens: int | None = None
+    output_tokens: int | None = None
     model: str | None = None
-    text_parts: list[str] = field(default_factory=list)
+    content_chunks: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    """Connect, first-token and between-chunk limits, in seconds."""
-
-    connect_s: float
-    ttft_s: float
-    idle_s: float
+def failure(
+    cls: type[ProviderError],
+    reason: str,
+    detail: str,
+    *,
+    transient: bool | None = None,
+    retry_after: float | None = None,
+) -> ProviderError:
+    """A typed provider error carrying a short machine-readable `reason`."""
+    return cls(detail, reason=reason, transient=transient, retry_after=retry_after)
 
 
 class GatewayClient:
     """One pooled aiohttp session per provider; `async with` owns their lifetimes."""
 
-    def __init__(self, timeouts: Timeouts) -> None:
-        self._timeouts = timeouts
+    def __init__(self) -> None:
         self._sessions: dict[str, aiohttp.ClientSession] = {}
 
     async def __aenter__(self) -> GatewayClient:
@@ -58,138 +76,250 @@ class GatewayClient:
         await asyncio.gather(*(s.close() for s in sessions.values()))
 
     def _session(self, provider: Provider) -> aiohttp.ClientSession:
-        session = self._sessions.get(provider.base_url)
+        session = self._sessions.get(provider.key)
         if session is None:
             session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
-                timeout=aiohttp.ClientTimeout(
-                    total=None,
-                    sock_connect=self._timeouts.connect_s,
-                    sock_read=self._timeouts.idle_s,
-                ),
-                json_serialize=lambda obj: orjson.dumps(obj).decode(),
+                timeout=aiohttp.ClientTimeout(total=None),
+                # The gateway's requests carry their own credentials; nothing ambient.
+                trust_env=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
-            self._sessions[provider.base_url] = session
+            self._sessions[provider.key] = session
         return session
 
-    async def stream_chat(
-        self,
-        provider: Provider,
-        model: str,
-        messages: Sequence[dict[str, str]],
-        result: StreamResult,
-        *,
-        max_tokens: int | None = None,
-    ) -> AsyncIterator[str]:
-        """Yield content deltas; fill `result` with usage, finish reason and TTFT."""
-        body: dict[str, Any] = {
-            "model": model,
-            "messages": list(messages),
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        if max_tokens is not None:
-            body["max_tokens"] = max_tokens
+    async def stream(
+        self, provider: Provider, body: Mapping[str, Any], exchange: Exchange
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Yield the provider's chunks (dicts); fill `exchange` on the way.
+
+        Raises a typed ProviderError; nothing is yielded before the first chunk with content,
+        so a failure before it leaves the caller free to try elsewhere.
+        """
+        loop = asyncio.get_running_loop()
+        limits = provider.timeouts
         headers = {"Accept": "text/event-stream", "Content-Type": "application/json"}
         if provider.api_key:
             headers["Authorization"] = f"Bearer {provider.api_key}"
         url = provider.base_url.rstrip("/") + "/chat/completions"
-        started = time.perf_counter()
+        started = loop.time()
+        response: aiohttp.ClientResponse | None = None
+        parser = _Lines(provider, exchange)
+        clean = False
         try:
-            async with self._session(provider).post(
-                url, data=orjson.dumps(body), headers=headers
-            ) as resp:
-                if resp.status != 200:
-                    raise ProviderError(
-                        await _describe_failure(provider, resp),
-                        transient=resp.status in _TRANSIENT_STATUSES,
+            try:
+                async with asyncio.timeout(limits.ttft_s):
+                    response = await self._session(provider).post(
+                        url,
+                        data=orjson.dumps(body),
+                        headers=headers,
+                        timeout=aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_s),
+                        allow_redirects=False,
                     )
-                async for delta in self._read(resp, result, started):
-                    yield delta
-        except ProviderError:
-            raise
-        except TimeoutError as err:
-            raise ProviderError(
-                f"provider {provider.name!r} timed out "
-                f"({'before the first token' if result.ttft_s is None else 'between chunks'})",
+                    if response.status != 200:
+                        raise await _refusal(provider, response)
+                    opening = await parser.until_content(response.content)
+                exchange.ttft_s = loop.time() - started if parser.saw_content else None
+            except TimeoutError:
+                raise failure(
+                    ProviderTimeout,
+                    "ttft-timeout",
+                    f"provider {provider.name!r} sent no content within {limits.ttft_s:g} s",
+                ) from None
+            for chunk in opening:
+                yield chunk
+            while not parser.ended:
+                try:
+                    async with asyncio.timeout(limits.idle_s):
+                        data = await response.content.readany()
+                except TimeoutError:
+                    raise failure(
+                        ProviderTimeout,
+                        "idle-timeout",
+                        f"provider {provider.name!r} sent nothing for {limits.idle_s:g} s "
+                        "between chunks",
+                    ) from None
+                if not data:
+                    break
+                for chunk in parser.feed(data):
+                    yield chunk
+            if not parser.saw_content and exchange.finish_reason is None:
+                raise failure(
+                    ProviderError,
+                    "empty-stream",
+                    f"provider {provider.name!r} ended the stream before any content",
+                    transient=True,
+                )
+            if exchange.finish_reason is None:
+                raise failure(
+                    ProviderError,
+                    "no-finish",
+                    f"provider {provider.name!r} ended the stream without a finish reason",
+                    transient=True,
+                )
+            clean = True
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError) as err:
+            stage = "connect" if response is None else "connection-lost"
+            raise failure(
+                ProviderError,
+                stage,
+                f"provider {provider.name!r} "
+                + ("could not be reached" if response is None else "dropped the stream")
+                + f" ({type(err).__name__})",
                 transient=True,
-            ) from err
-        except aiohttp.ClientError as err:
-            raise ProviderError(
-                f"provider {provider.name!r} connection failed: {type(err).__name__}",
+            ) from None
+        finally:
+            if response is not None:
+                # An unfinished response closes its connection (and the upstream request).
+                if clean:
+                    response.release()
+                else:
+                    response.close()
+
+
+class _Lines:
+    """An SSE reader for one response: splits lines, parses `data:` chunks, notes metadata."""
+
+    __slots__ = ("_exchange", "_provider", "_rest", "ended", "saw_content")
+
+    def __init__(self, provider: Provider, exchange: Exchange) -> None:
+        self._provider = provider
+        self._exchange = exchange
+        self._rest = b""
+        self.ended = False
+        self.saw_content = False
+
+    async def until_content(self, content: aiohttp.StreamReader) -> list[dict[str, Any]]:
+        """Read until a chunk with content arrives (or the stream ends); return the chunks."""
+        chunks: list[dict[str, Any]] = []
+        while not self.saw_content and not self.ended:
+            data = await content.readany()
+            if not data:
+                self.ended = True
+                break
+            chunks += self.feed(data)
+        return chunks
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        """The chunks completed by `data`."""
+        if self._rest:
+            data = self._rest + data
+        lines = data.split(_NEWLINE)
+        self._rest = lines.pop()
+        out: list[dict[str, Any]] = []
+        for line in lines:
+            if not line.startswith(_DATA):
+                continue
+            payload = line[len(_DATA) :].strip()
+            if payload == _DONE:
+                self.ended = True
+                break
+            if payload:
+                chunk = self._chunk(payload)
+                if chunk is not None:
+                    out.append(chunk)
+        return out
+
+    def _chunk(self, payload: bytes) -> dict[str, Any] | None:
+        name = self._provider.name
+        try:
+            chunk = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            raise failure(
+                ProviderError,
+                "bad-chunk",
+                f"provider {name!r} sent a malformed stream chunk",
                 transient=True,
-            ) from err
-        if result.finish_reason is None:
-            raise ProviderError(
-                f"provider {provider.name!r} stream ended without finishing", transient=True
+            ) from None
+        if not isinstance(chunk, dict):
+            raise failure(
+                ProviderError,
+                "bad-chunk",
+                f"provider {name!r} sent a malformed stream chunk",
+                transient=True,
             )
+        error = chunk.get("error")
+        if error is not None:
+            message = error.get("message") if isinstance(error, dict) else error
+            raise failure(
+                ProviderError,
+                "stream-error",
+                f"provider {name!r} reported an error mid-stream: "
+                + self._clean(str(message or "unknown")),
+                transient=True,
+            )
+        exchange = self._exchange
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            exchange.input_tokens = _count(usage.get("prompt_tokens"))
+            exchange.output_tokens = _count(usage.get("completion_tokens"))
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict):
+                exchange.cached_input_tokens = _count(details.get("cached_tokens"))
+        if exchange.model is None and isinstance(chunk.get("model"), str):
+            exchange.model = chunk["model"]
+        choices = chunk.get("choices")
+        if choices and isinstance(choices, list) and isinstance(choices[0], dict):
+            choice = choices[0]
+            reason = choice.get("finish_reason")
+            if reason:
+                exchange.finish_reason = str(reason)
+            delta = choice.get("delta")
+            if isinstance(delta, dict) and (
+                delta.get("content") or delta.get("tool_calls") or delta.get("refusal")
+            ):
+                exchange.content_chunks += 1
+                self.saw_content = True
+                return chunk
+            return chunk if reason else None
+        return chunk if usage else None
 
-    async def _read(
-        self, resp: aiohttp.ClientResponse, result: StreamResult, started: float
-    ) -> AsyncIterator[str]:
-        content = resp.content
-        async with asyncio.timeout(self._timeouts.ttft_s) as first_token_deadline:
-            while result.ttft_s is None:
-                line = await content.readline()
-                if not line:
-                    return
-                delta = _parse(line, result)
-                if delta:
-                    result.ttft_s = time.perf_counter() - started
-                    first_token_deadline.reschedule(None)
-                    result.text_parts.append(delta)
-                    yield delta
-        async for line in content:
-            delta = _parse(line, result)
-            if delta:
-                result.text_parts.append(delta)
-                yield delta
+    def _clean(self, message: str) -> str:
+        key = self._provider.api_key
+        return scrub(message, (key,) if key else ())[:_MESSAGE_CHARS]
 
 
-def _parse(line: bytes, result: StreamResult) -> str | None:
-    """One SSE line → its content delta, recording usage and finish reason on the way."""
-    if not line.startswith(_DATA):
-        return None
-    payload = line[len(_DATA) :].strip()
-    if not payload or payload == _DONE:
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _retry_after(response: aiohttp.ClientResponse) -> float | None:
+    raw = response.headers.get("Retry-After")
+    if raw is None:
         return None
     try:
-        chunk = orjson.loads(payload)
-    except orjson.JSONDecodeError as err:
-        raise ProviderError("provider sent a malformed stream chunk") from err
-    if not isinstance(chunk, dict):
-        raise ProviderError("provider sent a malformed stream chunk")
-    if "error" in chunk:
-        message = chunk["error"].get("message") if isinstance(chunk["error"], dict) else None
-        raise ProviderError(f"provider stream error: {str(message or 'unknown')[:200]}")
-    usage = chunk.get("usage")
-    if usage:
-        result.input_tokens = usage.get("prompt_tokens")
-        result.output_tokens = usage.get("completion_tokens")
-    if result.model is None:
-        result.model = chunk.get("model")
-    choices = chunk.get("choices")
-    if not choices:
-        return None
-    choice = choices[0]
-    reason = choice.get("finish_reason")
-    if reason:
-        result.finish_reason = reason
-    delta = choice.get("delta")
-    content = delta.get("content") if delta else None
-    return content if isinstance(content, str) and content else None
+        seconds = float(raw)
+    except ValueError:
+        return None  # an HTTP date: treat as long
+    return seconds if seconds >= 0 else None
 
 
-async def _describe_failure(provider: Provider, resp: aiohttp.ClientResponse) -> str:
-    """A short, secret-free description of a non-200 provider answer."""
-    message = ""
+async def _refusal(provider: Provider, response: aiohttp.ClientResponse) -> ProviderError:
+    """The typed error for a non-200 answer, with a short, secret-free message."""
+    status = response.status
+    message, code = "", ""
     try:
-        body = orjson.loads(await resp.content.read(4096))
-        if isinstance(body, dict) and isinstance(body.get("error"), dict):
-            message = str(body["error"].get("message", ""))[:200]
+        body = orjson.loads(await response.content.read(_ERROR_BODY_BYTES))
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict):
+            message = str(error.get("message") or "")
+            code = str(error.get("code") or error.get("type") or "")
     except (orjson.JSONDecodeError, aiohttp.ClientError, TimeoutError):
         pass
-    if provider.api_key and message:
-        message = message.replace(provider.api_key, "[redacted]")
-    suffix = f": {message}" if message else ""
-    return f"provider {provider.name!r} answered HTTP {resp.status}{suffix}"
+    key = provider.api_key
+    message = scrub(message, (key,) if key else ())[:_MESSAGE_CHARS]
+    detail = f"provider {provider.name!r} answered HTTP {status}" + (
+        f": {message}" if message else ""
+    )
+    reason = f"http-{status}"
+    if status == 402 or code in _QUOTA_CODES:
+        return failure(ProviderSpendLimit, "spend-limit", detail)
+    if status in (401, 403):
+        return failure(ProviderAuth, reason, detail)
+    if status in _TRANSIENT_STATUSES:
+        return failure(
+            ProviderError, reason, detail, transient=True, retry_after=_retry_after(response)
+        )
+    if 400 <= status < 500:
+        return failure(ProviderRejected, reason, detail)
+    return failure(ProviderError, reason, detail, transient=True)

@@ -27,8 +27,7 @@ from bullpen.agents.llm import run_llm
 from bullpen.domain.events import EventKind, RunEvent
 from bullpen.domain.status import RunStatus
 from bullpen.errors import BullpenError
-from bullpen.gateway.client import GatewayClient
-from bullpen.gateway.providers import ProviderRegistry
+from bullpen.gateway.router import Gateway
 from bullpen.store import events as event_store
 from bullpen.store import runs as run_store
 from bullpen.store.base import Connection, Store
@@ -71,8 +70,7 @@ class Worker:
         self,
         store: Store,
         eventlog: EventLog,
-        gateway: GatewayClient,
-        providers: ProviderRegistry,
+        gateway: Gateway,
         *,
         tuning: WorkerTuning,
         clock: Callable[[], datetime],
@@ -81,7 +79,6 @@ class Worker:
         self._store = store
         self._eventlog = eventlog
         self._gateway = gateway
-        self._providers = providers
         self._tuning = tuning
         self._clock = clock
         self._publish = publish
@@ -296,7 +293,7 @@ class Worker:
         try:
             if run.agent_adapter != "llm":
                 raise BullpenError(f"adapter {run.agent_adapter!r} is not available yet")
-            outcome = await run_llm(run, writer, self._gateway, self._providers)
+            outcome = await run_llm(run, writer, self._gateway)
         except asyncio.CancelledError:
             why = self._stops.get(run.id)
             if why is None:
@@ -311,7 +308,7 @@ class Worker:
                 return
             outcome = _ended(RunStatus.CANCELLED, "cancelled on request")
         except BullpenError as err:
-            outcome = _ended(RunStatus.FAILED, err.detail, transient=err.transient)
+            outcome = _ended(RunStatus.FAILED, err.detail, transient=err.transient, code=err.slug)
         except Exception:
             log.exception("run %s crashed", run.id)
             outcome = _ended(RunStatus.FAILED, "internal error while executing the run")
@@ -394,7 +391,9 @@ async def _redeliver(
     return out
 
 
-def _ended(status: RunStatus, error: str, *, transient: bool = False) -> RunOutcome:
+def _ended(
+    status: RunStatus, error: str, *, transient: bool = False, code: str | None = None
+) -> RunOutcome:
     return RunOutcome(
         status=status,
         result=None,
@@ -406,4 +405,5 @@ def _ended(status: RunStatus, error: str, *, transient: bool = False) -> RunOutc
         input_tokens=None,
         output_tokens=None,
         transient=transient,
+        error_code=code,
     )

@@ -10,7 +10,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from bullpen.errors import RateLimited
+from bullpen.errors import RateLimited, Unavailable
 
 _MAX_KEYS = 100_000
 
@@ -98,3 +98,25 @@ class CallerLimits:
         """Spend one request of the caller's and of its workspace's budget."""
         self._per_caller.take(caller)
         self._per_workspace.take(workspace)
+
+
+class Slots:
+    """A bound on things held at once in this process (relay streams); beyond it, 503."""
+
+    def __init__(self, limit: int, what: str) -> None:
+        self._limit = limit
+        self._what = what
+        self.held = 0
+
+    def take(self) -> None:
+        """Hold one, or raise Unavailable (retry in a second) when all are held."""
+        if self.held >= self._limit:
+            raise Unavailable(
+                f"this server holds its limit of {self._limit} {self._what}; retry shortly",
+                retry_after=1.0,
+            )
+        self.held += 1
+
+    def give_back(self) -> None:
+        """Release one taken with `take`."""
+        self.held -= 1

@@ -1,10 +1,15 @@
-"""The server secret that keys HMAC digests of API keys, sessions and CSRF tokens."""
+"""The server secret (HMAC key of API keys, sessions and CSRF tokens) and secrets at rest."""
 
 from __future__ import annotations
 
 import os
 import secrets
 from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from bullpen.errors import BullpenError
 
@@ -29,3 +34,47 @@ def load_secret(configured: str | None, data_dir: Path) -> bytes:
     if len(value) < _MIN_SECRET_CHARS:
         raise BullpenError(f"{path} is shorter than {_MIN_SECRET_CHARS} characters")
     return value.encode()
+
+
+_SEAL_VERSION = b"\x01"
+_NONCE_BYTES = 12
+
+
+class SecretBox:
+    """AES-256-GCM for secrets at rest (provider API keys), keyed from the server secret.
+
+    The AES key is derived with HKDF, so it is never the HMAC key itself. Each sealed value is
+    bound to a context (its row's id) as associated data: a ciphertext copied onto another row
+    does not open.
+    """
+
+    def __init__(self, master: bytes) -> None:
+        key = HKDF(
+            algorithm=hashes.SHA256(), length=32, salt=None, info=b"bullpen secrets at rest v1"
+        ).derive(master)
+        self._aead = AESGCM(key)
+
+    def seal(self, plaintext: str, context: bytes) -> bytes:
+        """Version byte, random nonce, ciphertext and tag."""
+        nonce = os.urandom(_NONCE_BYTES)
+        return _SEAL_VERSION + nonce + self._aead.encrypt(nonce, plaintext.encode(), context)
+
+    def open(self, sealed: bytes, context: bytes) -> str:
+        """The plaintext; a value sealed under another key or context is an error."""
+        if sealed[:1] != _SEAL_VERSION:
+            raise BullpenError("a stored secret has an unknown format")
+        nonce, body = sealed[1 : 1 + _NONCE_BYTES], sealed[1 + _NONCE_BYTES :]
+        try:
+            return self._aead.decrypt(nonce, body, context).decode()
+        except InvalidTag:
+            raise BullpenError(
+                "a stored secret does not open with this server's key "
+                "(was BULLPEN_SECRET_KEY or the data directory's secret.key changed?)"
+            ) from None
+
+
+def hint(secret: str) -> str:
+    """A masked form that identifies a key to its owner without revealing it."""
+    if len(secret) < 16:
+        return "…" + secret[-2:]
+    return secret[:3] + "…" + secret[-4:]

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from bullpen.domain.status import RunStatus, TaskStatus
+from bullpen.store import gateway as gateway_store
 from bullpen.store.base import Connection
 from bullpen.store.tables import agents, runs, tasks, workspaces
 
@@ -49,6 +50,10 @@ class RunOutcome:
     # A transient failure (a provider or the network was away) is retried with backoff; a
     # permanent one (bad config, a refused request) ends the run at once.
     transient: bool = False
+    error_code: str | None = None  # the problem type slug of the error, e.g. provider-timeout
+    cost_usd: float | None = None
+    cached_input_tokens: int | None = None
+    llm_calls: list[dict[str, Any]] | None = None  # every provider attempt of the call
 
 
 @dataclass(frozen=True, slots=True)
@@ -522,11 +527,14 @@ _FINISH_RUN = (
                 "input_tokens",
                 "output_tokens",
                 "error",
+                "error_code",
+                "cost_usd",
+                "llm_calls",
             )
         }
         | {"lease_owner": None, "lease_expires_at": None}
     )
-    .returning(runs.c.task_id)
+    .returning(runs.c.task_id, runs.c.workspace_id, runs.c.agent_id)
 )
 _FINISH_TASK = (
     tasks.update()
@@ -558,11 +566,36 @@ async def finish(
             "b_input_tokens": outcome.input_tokens,
             "b_output_tokens": outcome.output_tokens,
             "b_error": outcome.error,
+            "b_error_code": outcome.error_code,
+            "b_cost_usd": outcome.cost_usd,
+            "b_llm_calls": outcome.llm_calls,
         },
     )
-    task_id = result.scalar_one_or_none()
-    if task_id is None:
+    row = result.first()
+    if row is None:
         return False
+    task_id = row.task_id
+    if outcome.cost_usd is not None and outcome.provider is not None:
+        # The ledger row commits with the usage it records.
+        await gateway_store.record_costs(
+            conn,
+            [
+                {
+                    "workspace_id": row.workspace_id,
+                    "run_id": run_id,
+                    "agent_id": row.agent_id,
+                    "user_id": None,
+                    "api_key_id": None,
+                    "provider": outcome.provider,
+                    "model": outcome.model or "",
+                    "input_tokens": outcome.input_tokens or 0,
+                    "cached_input_tokens": outcome.cached_input_tokens or 0,
+                    "output_tokens": outcome.output_tokens or 0,
+                    "cost_usd": outcome.cost_usd,
+                    "created_at": now,
+                }
+            ],
+        )
     await conn.execute(
         _FINISH_TASK,
         {

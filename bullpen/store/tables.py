@@ -200,6 +200,10 @@ runs = sa.Table(
     sa.Column("available_at", UTCDateTime),
     sa.Column("failures", sa.Integer, nullable=False, server_default="0"),
     sa.Column("cancel_requested_at", UTCDateTime),
+    # The gateway's record: a typed error, the cost, and every provider attempt of the call.
+    sa.Column("error_code", sa.String(64)),
+    sa.Column("cost_usd", sa.Float),
+    sa.Column("llm_calls", JSONType),
     sa.Index("ix_runs_task_id", "task_id"),
     sa.Index("ix_runs_status_queued", "status", "queued_at"),
     # Each workspace's queue head in claim order: a range scan, whatever the queue's length.
@@ -252,4 +256,57 @@ idempotency_keys = sa.Table(
     sa.Column("expires_at", UTCDateTime, nullable=False),
     sa.PrimaryKeyConstraint("workspace_id", "principal", "route", "key"),
     sa.Index("ix_idempotency_keys_expires_at", "expires_at"),
+)
+
+providers = sa.Table(
+    "providers",
+    metadata,
+    _id(),
+    _workspace_fk(),
+    sa.Column("name", sa.String(100), nullable=False),
+    sa.Column("base_url", sa.String(2000), nullable=False),
+    # AES-GCM ciphertext (see services/secrets.py); the key itself is never stored or shown.
+    sa.Column("api_key_ciphertext", sa.LargeBinary),
+    sa.Column("api_key_hint", sa.String(32)),
+    # [{"name", "input_per_mtok", "cached_input_per_mtok", "output_per_mtok"}], USD per 1M tokens.
+    sa.Column("models", JSONType, nullable=False),
+    sa.Column("connect_timeout_s", sa.Float, nullable=False),
+    sa.Column("ttft_timeout_s", sa.Float, nullable=False),
+    sa.Column("idle_timeout_s", sa.Float, nullable=False),
+    sa.Column("deadline_s", sa.Float, nullable=False),
+    _created(),
+    sa.Column("updated_at", UTCDateTime, nullable=False),
+    sa.UniqueConstraint("workspace_id", "name", name="uq_providers_workspace_name"),
+)
+
+model_routes = sa.Table(
+    "model_routes",
+    metadata,
+    _id(),
+    _workspace_fk(),
+    sa.Column("name", sa.String(100), nullable=False),
+    # [{"provider": name, "model": name}], tried in order.
+    sa.Column("chain", JSONType, nullable=False),
+    _created(),
+    sa.Column("updated_at", UTCDateTime, nullable=False),
+    sa.UniqueConstraint("workspace_id", "name", name="uq_model_routes_workspace_name"),
+)
+
+cost_events = sa.Table(
+    "cost_events",
+    metadata,
+    _id(),
+    _workspace_fk(),
+    sa.Column("run_id", sa.Uuid, sa.ForeignKey("runs.id", ondelete="SET NULL")),
+    sa.Column("agent_id", sa.Uuid, sa.ForeignKey("agents.id", ondelete="SET NULL")),
+    sa.Column("user_id", sa.Uuid, sa.ForeignKey("users.id", ondelete="SET NULL")),
+    sa.Column("api_key_id", sa.Uuid, sa.ForeignKey("api_keys.id", ondelete="SET NULL")),
+    sa.Column("provider", sa.String(100), nullable=False),
+    sa.Column("model", sa.String(200), nullable=False),
+    sa.Column("input_tokens", sa.Integer, nullable=False),
+    sa.Column("cached_input_tokens", sa.Integer, nullable=False),
+    sa.Column("output_tokens", sa.Integer, nullable=False),
+    sa.Column("cost_usd", sa.Float, nullable=False),
+    _created(),
+    sa.Index("ix_cost_events_workspace_created", "workspace_id", "created_at"),
 )

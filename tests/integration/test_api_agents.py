@@ -191,7 +191,7 @@ BAD_CHANGES: list[tuple[Any, str]] = [
     ({"status": "terminated"}, "status"),
     ({"adapter": "llm"}, "adapter"),
     ({"name": "bad/name"}, "name"),
-    ({"config": {"model": "m"}}, "config.provider"),
+    ({"config": {"provider": "simulated"}}, "config.model"),
     ({"max_concurrent_runs": 0}, "max_concurrent_runs"),
     ({"created_at": "2020-01-01T00:00:00Z"}, "created_at"),
 ]

@@ -21,7 +21,8 @@ from bullpen.domain.status import (
     task_sources,
 )
 from bullpen.errors import BullpenError, InvalidInput, ProviderError
-from bullpen.gateway.client import StreamResult, _parse
+from bullpen.gateway.catalog import Provider, Timeouts
+from bullpen.gateway.client import Exchange, _Lines
 from bullpen.services.tasks import TITLE_CHARS, title_from_prompt
 
 
@@ -84,6 +85,7 @@ def test_titles_come_from_the_first_line() -> None:
 def test_llm_config_is_checked() -> None:
     config = LlmConfig.parse({"provider": "p", "model": "m", "max_tokens": 5})
     assert (config.provider, config.model, config.max_tokens) == ("p", "m", 5)
+    assert LlmConfig.parse({"model": "smart"}).provider is None
     for raw in (
         {},
         {"provider": "p"},
@@ -95,17 +97,33 @@ def test_llm_config_is_checked() -> None:
 
 
 def test_stream_lines_are_parsed_like_openai_sends_them() -> None:
-    result = StreamResult()
-    assert _parse(b": comment\n", result) is None
-    assert _parse(b"data: [DONE]\n", result) is None
+    provider = Provider("k", "p", "http://x", Timeouts(1, 1, 1, 1), api_key="sk-secret-key-123")
+    exchange = Exchange()
+    lines = _Lines(provider, exchange)
     role = b'data: {"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}'
-    assert _parse(role, result) is None and result.model == "m"
-    assert _parse(b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n', result) == "Hi"
-    assert _parse(b'data:{"choices":[{"delta":{},"finish_reason":"stop"}]}', result) is None
-    usage = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}'
-    assert _parse(usage, result) is None
-    assert (result.finish_reason, result.input_tokens, result.output_tokens) == ("stop", 3, 4)
+    # Split across reads mid-line: nothing is parsed until the line is complete.
+    assert lines.feed(b": comment\n" + role[:20]) == []
+    assert lines.feed(role[20:] + b"\n\n") == [] and exchange.model == "m"
+    assert not lines.saw_content
+    [hi] = lines.feed(b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n')
+    assert hi["choices"][0]["delta"]["content"] == "Hi" and lines.saw_content
+    assert exchange.content_chunks == 1
+    [finish] = lines.feed(b'data:{"choices":[{"delta":{},"finish_reason":"stop"}]}\n')
+    assert finish["choices"][0]["finish_reason"] == "stop"
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,'
+    usage += b'"prompt_tokens_details":{"cached_tokens":2}}}\n'
+    assert len(lines.feed(usage + b"data: [DONE]\n")) == 1 and lines.ended
+    assert (exchange.finish_reason, exchange.input_tokens, exchange.output_tokens) == (
+        "stop",
+        3,
+        4,
+    )
+    assert exchange.cached_input_tokens == 2
     with pytest.raises(ProviderError, match="malformed"):
-        _parse(b"data: {oops", result)
-    with pytest.raises(ProviderError, match="overloaded"):
-        _parse(b'data: {"error":{"message":"overloaded"}}', result)
+        _Lines(provider, Exchange()).feed(b"data: {oops\n")
+    with pytest.raises(ProviderError, match="overloaded") as err:
+        _Lines(provider, Exchange()).feed(b'data: {"error":{"message":"overloaded"}}\n')
+    assert err.value.transient and err.value.reason == "stream-error"
+    with pytest.raises(ProviderError) as echoed:
+        _Lines(provider, Exchange()).feed(b'data: {"error":{"message":"sk-secret-key-123"}}\n')
+    assert "sk-secret-key-123" not in echoed.value.detail

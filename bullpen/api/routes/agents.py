@@ -55,13 +55,19 @@ class SettableStatus(StrEnum):
 
 
 class LlmAgentConfig(Strict):
-    """An `llm` agent's configuration: which provider and model it calls, and how."""
+    """An `llm` agent's configuration: which model it calls, and how."""
 
-    provider: Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=_WORD)] = (
-        Field(examples=["simulated"], description="A provider name configured on the server.")
-    )
     model: Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=_WORD)] = Field(
-        examples=["sim-1"], description="The provider's model name."
+        examples=["sim-1"],
+        description="A model route of the workspace, `provider/model`, or a model that one "
+        "provider offers; with `provider`, that provider's model name.",
+    )
+    provider: (
+        Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=_WORD)] | None
+    ) = Field(
+        default=None,
+        examples=["simulated"],
+        description="Call this provider directly (no fallback); omit to resolve `model`.",
     )
     system_prompt: (
         Annotated[str, StringConstraints(max_length=SYSTEM_PROMPT_MAX, pattern=_PROSE)] | None

@@ -1,0 +1,385 @@
+"""The OpenAI-compatible relay: `POST /v1/chat/completions` and `GET /v1/models`.
+
+Authenticated by Bullpen API keys (or a session); `model` names a model route, a
+`provider/model`, or a model that one provider of the workspace offers. Every call goes through
+the gateway's router, so fallback, timeouts, breakers and key redaction apply; usage and cost
+are written to the ledger against the caller (its key, user or agent).
+
+Streaming answers start once the first content has arrived: until then a failure is still an
+ordinary HTTP error (problem+json, with an OpenAI-style `error` member too). A failure after
+content ends the stream with an `error` event and no `[DONE]`, which OpenAI clients raise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Sequence
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import APIRouter, Depends, Response
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+from bullpen.api import docs
+from bullpen.api.deps import ServicesDep, require, require_json
+from bullpen.app import Services
+from bullpen.domain.access import Permission
+from bullpen.domain.principal import Principal
+from bullpen.errors import BullpenError, ProviderIncomplete
+from bullpen.gateway.router import Call
+
+MAX_MESSAGES = 2000
+MAX_OUTPUT_TOKENS = 1_000_000
+_DONE = b"data: [DONE]\n\n"
+
+
+class ChatMessage(BaseModel):
+    """One message; fields besides `role` and `content` (tool calls, names) pass through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class StreamOptions(BaseModel):
+    """Streaming options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: StrictBool = False
+
+
+class ChatRequest(BaseModel):
+    """An OpenAI chat completion request. Other OpenAI fields (temperature, tools, ...) are
+    passed to the provider as given; the provider refuses what it does not support (400)."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [{"model": "sim-1", "messages": [{"role": "user", "content": "Hello"}]}]
+        },
+    )
+
+    model: str = Field(min_length=1, max_length=300, description="Route, provider/model or model")
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    n: Literal[1] | None = Field(default=None, description="Only one choice is supported.")
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_OUTPUT_TOKENS, strict=True)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_OUTPUT_TOKENS, strict=True)
+
+    def upstream(self) -> dict[str, Any]:
+        """The body for the provider, without `model` and streaming (the gateway sets those)."""
+        body = self.model_dump(
+            exclude={"model", "stream", "stream_options"}, exclude_none=True, by_alias=True
+        )
+        return body
+
+
+class ModelCard(BaseModel):
+    """A model callers may name."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class ModelCards(BaseModel):
+    """The models of the caller's workspace: routes first, then `provider/model`s."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+router = APIRouter(prefix="/v1", tags=["relay"])
+Caller = Annotated[Principal, require(Permission.LLM_USE)]
+
+
+@router.get(
+    "/models",
+    operation_id="listModels",
+    response_model=ModelCards,
+    responses=docs.problems(401, 403, 429, 503),
+    summary="List models (OpenAI-compatible)",
+)
+async def list_models(principal: Caller, svc: ServicesDep) -> ModelCards:
+    """Every name `model` accepts in this workspace."""
+    catalog = await svc.directory.catalog(principal.workspace_id)
+    return ModelCards(
+        data=[ModelCard(id=name, created=0, owned_by="bullpen") for name in catalog.model_ids()]
+    )
+
+
+@router.post(
+    "/chat/completions",
+    operation_id="createChatCompletion",
+    dependencies=[Depends(require_json)],
+    responses={
+        200: {
+            "description": "A chat completion, or with `stream: true` a text/event-stream of "
+            "chat completion chunks ending in `data: [DONE]`",
+            "content": {"application/json": {}, "text/event-stream": {}},
+        },
+        **docs.problems(400, 401, 403, 404, 413, 415, 422, 429, 503),
+        402: {"description": "The provider's spend limit is reached"},
+        502: {"description": "The provider failed, refused Bullpen's key, or broke mid-answer"},
+        504: {"description": "The provider sent no first token in time"},
+    },
+    summary="Create a chat completion (OpenAI-compatible)",
+)
+async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDep) -> Response:
+    """Call a model through the gateway, streamed or not."""
+    catalog = await svc.directory.catalog(principal.workspace_id)
+    chain = catalog.resolve(body.model)
+    svc.relay_slots.take()
+    call = Call()
+    chunks = svc.gateway.router.stream(chain, body.upstream(), call)
+    settle = _Settle(svc, principal, call, chunks)
+    answer = _Answer(body.model)
+    try:
+        if not body.stream:
+            async for chunk in chunks:
+                answer.absorb(chunk)
+            return Response(
+                orjson.dumps(answer.completion(call)),
+                media_type="application/json",
+                headers=_served_headers(call),
+            )
+        opening = await _until_content(chunks)
+    except BaseException:
+        settle()
+        raise
+    finally:
+        if not body.stream:
+            settle()
+    # Whatever ends the request (its end, a client gone before the stream began, a crash)
+    # settles the call once.
+    task = asyncio.current_task()
+    if task is not None:
+        task.add_done_callback(lambda _: settle())
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    return StreamingResponse(
+        _sse(settle, answer, opening, chunks, include_usage),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", **_served_headers(call)},
+    )
+
+
+class _Settle:
+    """Ends a relay call exactly once: closes the upstream stream if still open, records the
+    usage against the caller, and gives back the stream slot."""
+
+    __slots__ = ("_call", "_chunks", "_done", "_principal", "_svc")
+
+    def __init__(
+        self,
+        svc: Services,
+        principal: Principal,
+        call: Call,
+        chunks: AsyncGenerator[dict[str, Any], None],
+    ) -> None:
+        self._svc = svc
+        self._principal = principal
+        self._call = call
+        self._chunks = chunks
+        self._done = False
+
+    @property
+    def call(self) -> Call:
+        """The gateway call being settled."""
+        return self._call
+
+    def __call__(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        if getattr(self._chunks, "ag_frame", None) is not None:
+            # Unfinished (a client gone mid-stream): closing it closes the upstream request.
+            _background(self._chunks.aclose())
+        _record(self._svc, self._principal, self._call)
+        self._svc.relay_slots.give_back()
+
+
+_closing: set[asyncio.Task[None]] = set()
+
+
+def _background(closing: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.get_running_loop().create_task(closing)
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
+async def _until_content(chunks: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chunks up to the first with content (the router yields nothing before it)."""
+    opening: list[dict[str, Any]] = []
+    async for chunk in chunks:
+        opening.append(chunk)
+        break
+    return opening
+
+
+async def _sse(
+    settle: _Settle,
+    answer: _Answer,
+    opening: Sequence[dict[str, Any]],
+    chunks: AsyncIterator[dict[str, Any]],
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    try:
+        yield answer.frame([{"index": 0, "delta": {"role": "assistant", "content": ""}}])
+        for chunk in opening:
+            frame = answer.relay(chunk)
+            if frame:
+                yield frame
+        try:
+            async for chunk in chunks:
+                frame = answer.relay(chunk)
+                if frame:
+                    yield frame
+        except BullpenError as err:
+            # Content went out already: say so in-band, and never send [DONE].
+            yield _error_frame(err)
+            return
+        if include_usage:
+            yield answer.usage_frame(settle.call)
+        yield _DONE
+    finally:
+        settle()
+
+
+def _error_frame(err: BullpenError) -> bytes:
+    code = err.slug if not isinstance(err, ProviderIncomplete) else "provider-incomplete"
+    return (
+        b"data: "
+        + orjson.dumps({"error": {"message": err.detail, "type": code, "code": code}})
+        + b"\n\n"
+    )
+
+
+class _Answer:
+    """Chunks in our own envelope (our id, the model name the caller used), and the whole
+    answer for non-streaming callers."""
+
+    __slots__ = ("_created", "_head", "_id", "_model", "finish_reason", "text", "tool_calls")
+
+    def __init__(self, model: str) -> None:
+        self._id = "chatcmpl-" + secrets.token_hex(12)
+        self._created = int(time.time())
+        self._model = model
+        envelope = {
+            "id": self._id,
+            "object": "chat.completion.chunk",
+            "created": self._created,
+            "model": model,
+        }
+        self._head = b"data: " + orjson.dumps(envelope)[:-1] + b',"choices":'
+        self.text: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+
+    def frame(self, choices: list[dict[str, Any]]) -> bytes:
+        """One SSE frame carrying `choices`."""
+        return self._head + orjson.dumps(choices) + b"}\n\n"
+
+    def relay(self, chunk: dict[str, Any]) -> bytes | None:
+        """The frame for an upstream chunk (its usage-only chunk is replaced by ours)."""
+        choices = chunk.get("choices")
+        if not choices:
+            return None
+        return self.frame(choices)
+
+    def usage_frame(self, call: Call) -> bytes:
+        """The trailing usage chunk OpenAI sends with `include_usage`."""
+        return self._head + b"[]" + b',"usage":' + orjson.dumps(_usage(call)) + b"}\n\n"
+
+    def absorb(self, chunk: dict[str, Any]) -> None:
+        """Collect a chunk into the whole answer (text, tool calls, finish reason)."""
+        choices = chunk.get("choices")
+        if not choices:
+            return
+        choice = choices[0]
+        if choice.get("finish_reason"):
+            self.finish_reason = choice["finish_reason"]
+        delta = choice.get("delta") or {}
+        content = delta.get("content")
+        if isinstance(content, str):
+            self.text.append(content)
+        for piece in delta.get("tool_calls") or ():
+            if not isinstance(piece, dict):
+                continue
+            index = piece.get("index", 0)
+            whole = self.tool_calls.setdefault(
+                index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+            )
+            if piece.get("id"):
+                whole["id"] = piece["id"]
+            function = piece.get("function") or {}
+            whole["function"]["name"] += function.get("name") or ""
+            whole["function"]["arguments"] += function.get("arguments") or ""
+
+    def completion(self, call: Call) -> dict[str, Any]:
+        """The non-streaming answer."""
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text) or None}
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        elif message["content"] is None:
+            message["content"] = ""
+        return {
+            "id": self._id,
+            "object": "chat.completion",
+            "created": self._created,
+            "model": self._model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": self.finish_reason,
+                }
+            ],
+            "usage": _usage(call),
+        }
+
+
+def _usage(call: Call) -> dict[str, Any]:
+    return {
+        "prompt_tokens": call.input_tokens,
+        "completion_tokens": call.output_tokens,
+        "total_tokens": call.input_tokens + call.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": call.cached_input_tokens},
+    }
+
+
+def _served_headers(call: Call) -> dict[str, str]:
+    served = call.served_by
+    if served is None:
+        return {}
+    return {"X-Bullpen-Provider": served.provider.name, "X-Bullpen-Model": served.model}
+
+
+def _record(svc: Services, principal: Principal, call: Call) -> None:
+    """The call's usage in the ledger, against the caller."""
+    served = call.served_by
+    if served is None or call.cost_usd is None:
+        return
+    svc.ledger.record(
+        {
+            "workspace_id": principal.workspace_id,
+            "run_id": None,
+            "agent_id": principal.agent_id,
+            "user_id": principal.user_id,
+            "api_key_id": principal.api_key_id,
+            "provider": served.provider.name,
+            "model": call.model or served.model,
+            "input_tokens": call.input_tokens,
+            "cached_input_tokens": call.cached_input_tokens,
+            "output_tokens": call.output_tokens,
+            "cost_usd": call.cost_usd,
+            "created_at": svc.clock(),
+        }
+    )

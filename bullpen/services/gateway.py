@@ -1,0 +1,492 @@
+"""The gateway's configuration and ledger: providers and routes per workspace, usage costs.
+
+- `GatewayConfig`: create, change, delete and read providers and model routes, each change
+  audited in its transaction. API keys are sealed (AES-GCM) before they reach the store and
+  are never returned; callers see a masked hint.
+- `Directory`: the catalog the gateway calls from, per workspace, cached for a short time
+  (changes made in this process apply at once; other processes see them within the TTL).
+- `UsageLedger`: cost rows for relay calls, written in batches off the request path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from bullpen.domain.access import Permission, need
+from bullpen.domain.principal import Principal
+from bullpen.errors import BullpenError, Conflict, InvalidInput, NotFound
+from bullpen.gateway.catalog import Catalog, Price, Provider, Target, Timeouts
+from bullpen.services.secrets import SecretBox, hint
+from bullpen.store import audit
+from bullpen.store import gateway as gateway_store
+from bullpen.store.base import Connection, Store
+
+log = logging.getLogger(__name__)
+
+MAX_CHAIN = 8
+# Usage rows kept in memory while the database is away; beyond it the oldest are dropped.
+_MAX_PENDING = 100_000
+
+
+def _context(provider_id: UUID) -> bytes:
+    """The associated data binding a sealed key to its provider row."""
+    return b"provider:" + provider_id.bytes
+
+
+class Directory:
+    """Each workspace's catalog: its providers and routes, plus the built-in ones."""
+
+    def __init__(
+        self,
+        store: Store,
+        box: SecretBox,
+        *,
+        builtins: Sequence[Provider],
+        ttl_s: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self._store = store
+        self._box = box
+        self._builtins = {p.name: p for p in builtins}
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._cached: dict[UUID, tuple[float, Catalog]] = {}
+        self._loading: dict[UUID, asyncio.Future[Catalog]] = {}
+
+    @property
+    def builtin_names(self) -> frozenset[str]:
+        """Provider names no workspace may take."""
+        return frozenset(self._builtins)
+
+    async def catalog(self, workspace_id: UUID) -> Catalog:
+        """The workspace's catalog; one load at a time per workspace, shared by all waiters."""
+        found = self._cached.get(workspace_id)
+        if found is not None and found[0] > self._clock():
+            return found[1]
+        pending = self._loading.get(workspace_id)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Catalog] = asyncio.get_running_loop().create_future()
+        self._loading[workspace_id] = future
+        try:
+            catalog = await self._load(workspace_id)
+        except BaseException as err:
+            future.set_exception(err)
+            future.exception()  # retrieved: waiters re-raise it themselves
+            raise
+        finally:
+            del self._loading[workspace_id]
+        self._cached[workspace_id] = (self._clock() + self._ttl_s, catalog)
+        future.set_result(catalog)
+        return catalog
+
+    def invalidate(self, workspace_id: UUID) -> None:
+        """Forget a workspace's catalog (after a change made here)."""
+        self._cached.pop(workspace_id, None)
+
+    async def _load(self, workspace_id: UUID) -> Catalog:
+        async with self._store.read() as conn:
+            provider_rows = await gateway_store.list_providers(conn, workspace_id)
+            route_rows = await gateway_store.list_routes(conn, workspace_id)
+        found = dict(self._builtins)
+        for row in provider_rows:
+            found[row.name] = self._provider(row)
+        routes: dict[str, tuple[Target, ...]] = {}
+        for row in route_rows:
+            chain = tuple(
+                Target(found[link["provider"]], link["model"])
+                for link in row.chain
+                if link["provider"] in found
+            )
+            if chain:
+                routes[row.name] = chain
+        return Catalog(providers=found, routes=routes)
+
+    def _provider(self, row: Any) -> Provider:
+        api_key = None
+        if row.api_key_ciphertext is not None:
+            api_key = self._box.open(row.api_key_ciphertext, _context(row.id))
+        return Provider(
+            key=str(row.id),
+            name=row.name,
+            base_url=row.base_url,
+            timeouts=Timeouts(
+                connect_s=row.connect_timeout_s,
+                ttft_s=row.ttft_timeout_s,
+                idle_s=row.idle_timeout_s,
+                deadline_s=row.deadline_s,
+            ),
+            prices={
+                m["name"]: Price(
+                    input=m.get("input_per_mtok", 0.0),
+                    cached_input=m.get("cached_input_per_mtok", 0.0),
+                    output=m.get("output_per_mtok", 0.0),
+                )
+                for m in row.models
+            },
+            api_key=api_key,
+        )
+
+
+class GatewayConfig:
+    """Providers and model routes of the caller's workspace."""
+
+    def __init__(
+        self,
+        store: Store,
+        box: SecretBox,
+        directory: Directory,
+        clock: Callable[[], datetime],
+        defaults: Timeouts,
+    ) -> None:
+        self._store = store
+        self._box = box
+        self._directory = directory
+        self._clock = clock
+        self._defaults = defaults
+
+    # ---- providers ------------------------------------------------------------------------
+
+    async def list_providers(self, principal: Principal) -> list[Any]:
+        """The workspace's providers by name."""
+        need(principal, Permission.PROVIDERS_READ)
+        async with self._store.read() as conn:
+            return await gateway_store.list_providers(conn, principal.workspace_id)
+
+    async def get_provider(self, principal: Principal, provider_id: UUID) -> Any:
+        """One provider; another workspace's is NotFound."""
+        need(principal, Permission.PROVIDERS_READ)
+        async with self._store.read() as conn:
+            return await self._provider(conn, principal, provider_id)
+
+    async def create_provider(
+        self,
+        principal: Principal,
+        *,
+        name: str,
+        base_url: str,
+        api_key: str | None,
+        models: list[dict[str, Any]],
+        timeouts: dict[str, float],
+    ) -> Any:
+        """Add a provider; its key is sealed and only its hint kept in the clear."""
+        need(principal, Permission.PROVIDERS_WRITE)
+        self._check_name(name)
+        provider_id = uuid.uuid4()
+        now = self._clock()
+        values: dict[str, Any] = {
+            "name": name,
+            "base_url": base_url,
+            "models": models,
+            "api_key_ciphertext": None,
+            "api_key_hint": None,
+            **self._timeouts(timeouts),
+        }
+        if api_key is not None:
+            values["api_key_ciphertext"] = self._box.seal(api_key, _context(provider_id))
+            values["api_key_hint"] = hint(api_key)
+        async with self._store.write() as conn:
+            await gateway_store.create_provider(
+                conn,
+                provider_id=provider_id,
+                workspace_id=principal.workspace_id,
+                values=values,
+                now=now,
+            )
+            await audit.record_by(
+                conn,
+                principal,
+                "provider.create",
+                "provider",
+                provider_id,
+                now,
+                _auditable(values),
+            )
+            row = await self._provider(conn, principal, provider_id)
+        self._directory.invalidate(principal.workspace_id)
+        return row
+
+    async def update_provider(
+        self, principal: Principal, provider_id: UUID, changes: dict[str, Any]
+    ) -> Any:
+        """Change fields; `api_key` replaces the key, or removes it when None."""
+        need(principal, Permission.PROVIDERS_WRITE)
+        if "name" in changes:
+            self._check_name(changes["name"])
+        now = self._clock()
+        async with self._store.write() as conn:
+            before = await self._provider(conn, principal, provider_id)
+            values = {k: v for k, v in changes.items() if k not in ("api_key", "timeouts")}
+            if "timeouts" in changes:
+                current = {
+                    "connect_s": before.connect_timeout_s,
+                    "ttft_s": before.ttft_timeout_s,
+                    "idle_s": before.idle_timeout_s,
+                    "deadline_s": before.deadline_s,
+                }
+                values |= self._timeouts({**current, **changes["timeouts"]})
+            if "api_key" in changes:
+                key = changes["api_key"]
+                values["api_key_ciphertext"] = (
+                    None if key is None else self._box.seal(key, _context(provider_id))
+                )
+                values["api_key_hint"] = None if key is None else hint(key)
+            if "name" in values and values["name"] != before.name:
+                await self._check_unused(conn, principal.workspace_id, before.name)
+            changed = {k: v for k, v in values.items() if getattr(before, k) != v}
+            if not changed:
+                return before
+            await gateway_store.update_provider(conn, provider_id, changed, now)
+            await audit.record_by(
+                conn,
+                principal,
+                "provider.update",
+                "provider",
+                provider_id,
+                now,
+                {
+                    "before": _auditable({k: getattr(before, k) for k in changed}),
+                    "after": _auditable(changed),
+                },
+            )
+            row = await self._provider(conn, principal, provider_id)
+        self._directory.invalidate(principal.workspace_id)
+        return row
+
+    async def delete_provider(self, principal: Principal, provider_id: UUID) -> None:
+        """Delete a provider no route uses (409 names the routes that do)."""
+        need(principal, Permission.PROVIDERS_WRITE)
+        now = self._clock()
+        async with self._store.write() as conn:
+            before = await self._provider(conn, principal, provider_id)
+            await self._check_unused(conn, principal.workspace_id, before.name)
+            await gateway_store.delete_provider(conn, provider_id)
+            await audit.record_by(
+                conn,
+                principal,
+                "provider.delete",
+                "provider",
+                provider_id,
+                now,
+                {"name": before.name, "base_url": before.base_url},
+            )
+        self._directory.invalidate(principal.workspace_id)
+
+    # ---- routes ---------------------------------------------------------------------------
+
+    async def list_routes(self, principal: Principal) -> list[Any]:
+        """The workspace's model routes by name."""
+        need(principal, Permission.PROVIDERS_READ)
+        async with self._store.read() as conn:
+            return await gateway_store.list_routes(conn, principal.workspace_id)
+
+    async def get_route(self, principal: Principal, route_id: UUID) -> Any:
+        """One route; another workspace's is NotFound."""
+        need(principal, Permission.PROVIDERS_READ)
+        async with self._store.read() as conn:
+            return await self._route(conn, principal, route_id)
+
+    async def create_route(
+        self, principal: Principal, *, name: str, chain: list[dict[str, str]]
+    ) -> Any:
+        """Add a route whose every link names a provider (and a model it offers)."""
+        need(principal, Permission.PROVIDERS_WRITE)
+        now = self._clock()
+        async with self._store.write() as conn:
+            await self._check_chain(conn, principal.workspace_id, chain)
+            route_id = await gateway_store.create_route(
+                conn, workspace_id=principal.workspace_id, name=name, chain=chain, now=now
+            )
+            await audit.record_by(
+                conn,
+                principal,
+                "route.create",
+                "model_route",
+                route_id,
+                now,
+                {"name": name, "chain": chain},
+            )
+            row = await self._route(conn, principal, route_id)
+        self._directory.invalidate(principal.workspace_id)
+        return row
+
+    async def update_route(
+        self, principal: Principal, route_id: UUID, changes: dict[str, Any]
+    ) -> Any:
+        """Rename a route or replace its chain."""
+        need(principal, Permission.PROVIDERS_WRITE)
+        now = self._clock()
+        async with self._store.write() as conn:
+            before = await self._route(conn, principal, route_id)
+            if "chain" in changes:
+                await self._check_chain(conn, principal.workspace_id, changes["chain"])
+            changed = {k: v for k, v in changes.items() if getattr(before, k) != v}
+            if not changed:
+                return before
+            await gateway_store.update_route(conn, route_id, changed, now)
+            await audit.record_by(
+                conn,
+                principal,
+                "route.update",
+                "model_route",
+                route_id,
+                now,
+                {"before": {k: getattr(before, k) for k in changed}, "after": changed},
+            )
+            row = await self._route(conn, principal, route_id)
+        self._directory.invalidate(principal.workspace_id)
+        return row
+
+    async def delete_route(self, principal: Principal, route_id: UUID) -> None:
+        """Delete a route."""
+        need(principal, Permission.PROVIDERS_WRITE)
+        now = self._clock()
+        async with self._store.write() as conn:
+            before = await self._route(conn, principal, route_id)
+            await gateway_store.delete_route(conn, route_id)
+            await audit.record_by(
+                conn,
+                principal,
+                "route.delete",
+                "model_route",
+                route_id,
+                now,
+                {"name": before.name, "chain": before.chain},
+            )
+        self._directory.invalidate(principal.workspace_id)
+
+    # ---- checks ---------------------------------------------------------------------------
+
+    def _check_name(self, name: str) -> None:
+        if name in self._directory.builtin_names:
+            raise Conflict(f"{name!r} is the name of a built-in provider; choose another")
+
+    def _timeouts(self, given: dict[str, float]) -> dict[str, float]:
+        d = self._defaults
+        out = {
+            "connect_timeout_s": given.get("connect_s", d.connect_s),
+            "ttft_timeout_s": given.get("ttft_s", d.ttft_s),
+            "idle_timeout_s": given.get("idle_s", d.idle_s),
+            "deadline_s": given.get("deadline_s", d.deadline_s),
+        }
+        if out["deadline_s"] < out["ttft_timeout_s"]:
+            raise InvalidInput("timeouts.deadline_s must be at least timeouts.ttft_s")
+        return out
+
+    async def _check_chain(
+        self, conn: Connection, workspace_id: UUID, chain: list[dict[str, str]]
+    ) -> None:
+        if not 1 <= len(chain) <= MAX_CHAIN:
+            raise InvalidInput(f"a route's chain has 1 to {MAX_CHAIN} links")
+        rows = {r.name: r for r in await gateway_store.list_providers(conn, workspace_id)}
+        builtins = self._directory.builtin_names
+        seen: set[tuple[str, str]] = set()
+        for i, link in enumerate(chain):
+            name, model = link["provider"], link["model"]
+            if (name, model) in seen:
+                raise InvalidInput(f"chain[{i}] repeats {name}/{model}")
+            seen.add((name, model))
+            row = rows.get(name)
+            if row is None and name not in builtins:
+                raise InvalidInput(f"chain[{i}]: no provider named {name!r} in this workspace")
+            offered = [m["name"] for m in row.models] if row is not None else None
+            if offered and model not in offered:
+                raise InvalidInput(
+                    f"chain[{i}]: provider {name!r} offers no model {model!r} "
+                    f"(it offers {', '.join(offered)})"
+                )
+
+    async def _check_unused(self, conn: Connection, workspace_id: UUID, name: str) -> None:
+        using = [
+            r.name
+            for r in await gateway_store.list_routes(conn, workspace_id)
+            if any(link["provider"] == name for link in r.chain)
+        ]
+        if using:
+            raise Conflict(
+                f"provider {name!r} is used by model routes {', '.join(sorted(using))}; "
+                "change those routes first"
+            )
+
+    async def _provider(self, conn: Connection, principal: Principal, provider_id: UUID) -> Any:
+        row = await gateway_store.get_provider(conn, principal.workspace_id, provider_id)
+        if row is None:
+            raise NotFound("no such provider")
+        return row
+
+    async def _route(self, conn: Connection, principal: Principal, route_id: UUID) -> Any:
+        row = await gateway_store.get_route(conn, principal.workspace_id, route_id)
+        if row is None:
+            raise NotFound("no such model route")
+        return row
+
+
+def _auditable(values: dict[str, Any]) -> dict[str, Any]:
+    """Provider values fit for the audit log: the sealed key becomes whether one is set."""
+    out = {k: v for k, v in values.items() if k != "api_key_ciphertext"}
+    if "api_key_ciphertext" in values:
+        out["api_key_set"] = values["api_key_ciphertext"] is not None
+    return out
+
+
+class UsageLedger:
+    """Cost rows written in batches by one background task; `async with` flushes at the end."""
+
+    def __init__(self, store: Store, *, interval_s: float = 0.05, max_batch: int = 500) -> None:
+        self._store = store
+        self._interval_s = interval_s
+        self._max_batch = max_batch
+        self._pending: list[dict[str, Any]] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.written = 0
+
+    async def __aenter__(self) -> UsageLedger:
+        self._task = asyncio.create_task(self._run(), name="usage-ledger")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        await self._flush()
+
+    def record(self, row: dict[str, Any]) -> None:
+        """Queue one row (every `cost_events` column but `id`)."""
+        self._pending.append(row)
+        if len(self._pending) >= self._max_batch:
+            self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._interval_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            await self._flush()
+
+    async def _flush(self) -> None:
+        rows, self._pending = self._pending, []
+        if not rows:
+            return
+        try:
+            async with self._store.write() as conn:
+                await gateway_store.record_costs(conn, rows)
+            self.written += len(rows)
+        except BullpenError as err:  # the database is away: keep the rows for the next try
+            log.warning("could not record %d usage rows yet: %s", len(rows), err.detail)
+            self._pending[:0] = rows
+            if len(self._pending) > _MAX_PENDING:
+                lost = len(self._pending) - _MAX_PENDING
+                del self._pending[:lost]
+                log.error("dropped %d usage rows: the database was away too long", lost)

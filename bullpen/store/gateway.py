@@ -1,0 +1,211 @@
+"""Providers, model routes and the cost ledger.
+
+Names are unique per workspace (the constraints, mapped here to Conflict). Provider rows hold
+their API key only as ciphertext; sealing and opening happen in the service.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from sqlalchemy import exc
+
+from bullpen.errors import Conflict
+from bullpen.store.base import Connection
+from bullpen.store.tables import cost_events, model_routes, providers
+
+PROVIDER_UPDATABLE = frozenset(
+    {
+        "name",
+        "base_url",
+        "api_key_ciphertext",
+        "api_key_hint",
+        "models",
+        "connect_timeout_s",
+        "ttft_timeout_s",
+        "idle_timeout_s",
+        "deadline_s",
+    }
+)
+ROUTE_UPDATABLE = frozenset({"name", "chain"})
+
+
+async def create_provider(
+    conn: Connection,
+    *,
+    provider_id: UUID,
+    workspace_id: UUID,
+    values: dict[str, Any],
+    now: datetime,
+) -> None:
+    """Insert a provider; a taken name is Conflict."""
+    try:
+        await conn.execute(
+            providers.insert().values(
+                id=provider_id, workspace_id=workspace_id, created_at=now, updated_at=now, **values
+            )
+        )
+    except exc.IntegrityError as err:
+        raise Conflict(f"a provider named {values['name']!r} already exists here") from err
+
+
+async def get_provider(conn: Connection, workspace_id: UUID, provider_id: UUID) -> Any | None:
+    """The provider with this id in this workspace, or None."""
+    return (
+        await conn.execute(
+            sa.select(providers).where(
+                providers.c.id == provider_id, providers.c.workspace_id == workspace_id
+            )
+        )
+    ).first()
+
+
+async def list_providers(conn: Connection, workspace_id: UUID) -> list[Any]:
+    """The workspace's providers by name."""
+    result = await conn.execute(
+        sa.select(providers)
+        .where(providers.c.workspace_id == workspace_id)
+        .order_by(providers.c.name)
+    )
+    return list(result)
+
+
+async def update_provider(
+    conn: Connection, provider_id: UUID, changes: dict[str, Any], now: datetime
+) -> None:
+    """Change a provider's updatable columns; a taken name is Conflict."""
+    if not changes.keys() <= PROVIDER_UPDATABLE:
+        raise ValueError(f"not updatable: {sorted(changes.keys() - PROVIDER_UPDATABLE)}")
+    try:
+        await conn.execute(
+            providers.update()
+            .where(providers.c.id == provider_id)
+            .values(**changes, updated_at=now)
+        )
+    except exc.IntegrityError as err:
+        raise Conflict(f"a provider named {changes.get('name')!r} already exists here") from err
+
+
+async def delete_provider(conn: Connection, provider_id: UUID) -> None:
+    """Delete a provider."""
+    await conn.execute(providers.delete().where(providers.c.id == provider_id))
+
+
+async def create_route(
+    conn: Connection,
+    *,
+    workspace_id: UUID,
+    name: str,
+    chain: list[dict[str, str]],
+    now: datetime,
+) -> UUID:
+    """Insert a model route; a taken name is Conflict."""
+    route_id = uuid.uuid4()
+    try:
+        await conn.execute(
+            model_routes.insert().values(
+                id=route_id,
+                workspace_id=workspace_id,
+                name=name,
+                chain=chain,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+    except exc.IntegrityError as err:
+        raise Conflict(f"a model route named {name!r} already exists here") from err
+    return route_id
+
+
+async def get_route(conn: Connection, workspace_id: UUID, route_id: UUID) -> Any | None:
+    """The route with this id in this workspace, or None."""
+    return (
+        await conn.execute(
+            sa.select(model_routes).where(
+                model_routes.c.id == route_id, model_routes.c.workspace_id == workspace_id
+            )
+        )
+    ).first()
+
+
+async def list_routes(conn: Connection, workspace_id: UUID) -> list[Any]:
+    """The workspace's model routes by name."""
+    result = await conn.execute(
+        sa.select(model_routes)
+        .where(model_routes.c.workspace_id == workspace_id)
+        .order_by(model_routes.c.name)
+    )
+    return list(result)
+
+
+async def update_route(
+    conn: Connection, route_id: UUID, changes: dict[str, Any], now: datetime
+) -> None:
+    """Change a route's name or chain; a taken name is Conflict."""
+    if not changes.keys() <= ROUTE_UPDATABLE:
+        raise ValueError(f"not updatable: {sorted(changes.keys() - ROUTE_UPDATABLE)}")
+    try:
+        await conn.execute(
+            model_routes.update()
+            .where(model_routes.c.id == route_id)
+            .values(**changes, updated_at=now)
+        )
+    except exc.IntegrityError as err:
+        raise Conflict(f"a model route named {changes.get('name')!r} already exists here") from err
+
+
+async def delete_route(conn: Connection, route_id: UUID) -> None:
+    """Delete a route."""
+    await conn.execute(model_routes.delete().where(model_routes.c.id == route_id))
+
+
+_RECORD_COST = cost_events.insert().values(
+    {
+        name: sa.bindparam(name, type_=cost_events.c[name].type)
+        for name in (
+            "id",
+            "workspace_id",
+            "run_id",
+            "agent_id",
+            "user_id",
+            "api_key_id",
+            "provider",
+            "model",
+            "input_tokens",
+            "cached_input_tokens",
+            "output_tokens",
+            "cost_usd",
+            "created_at",
+        )
+    }
+)
+
+
+async def record_costs(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """Append ledger rows (each a dict of every `cost_events` column but `id`)."""
+    if rows:
+        await conn.execute(_RECORD_COST, [{"id": uuid.uuid4(), **row} for row in rows])
+
+
+async def cost_summary(conn: Connection, workspace_id: UUID) -> list[Any]:
+    """Spend and tokens per provider and model, for the workspace."""
+    c = cost_events.c
+    result = await conn.execute(
+        sa.select(
+            c.provider,
+            c.model,
+            sa.func.count().label("calls"),
+            sa.func.sum(c.input_tokens).label("input_tokens"),
+            sa.func.sum(c.output_tokens).label("output_tokens"),
+            sa.func.sum(c.cost_usd).label("cost_usd"),
+        )
+        .where(c.workspace_id == workspace_id)
+        .group_by(c.provider, c.model)
+        .order_by(c.provider, c.model)
+    )
+    return list(result)

@@ -1,0 +1,239 @@
+"""Providers and model routes through the API, and the OpenAI-compatible relay used by the
+official `openai` SDK, against the built-in simulator over real sockets (both backends)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+import sqlalchemy as sa
+
+from bullpen.bench.simprovider import completion_tokens
+from bullpen.store.tables import audit_events, cost_events, providers
+from tests.conftest import RunningServer
+from tests.integration.client import call, problem
+from tests.integration.db import count, rows
+
+KEY = "sk-test-PROVIDERKEY-0123456789"
+MESSAGES = [{"role": "user", "content": "Say something short please"}]
+# The built-in simulator answers FAST_SIM's 24 tokens; its prompt count is words + 3 a message.
+ANSWER = "".join(completion_tokens(MESSAGES, 24))
+PROMPT_TOKENS = 4 + 3
+
+
+def provider_body(server: RunningServer, **fields: Any) -> dict[str, Any]:
+    assert server.services.simulator is not None
+    return {
+        "name": "priced",
+        "base_url": server.services.simulator.base_url,
+        "api_key": KEY,
+        "models": [
+            {"name": "sim-1", "input_per_mtok": 2.0, "output_per_mtok": 10.0},
+            {"name": "other", "input_per_mtok": 1.0, "output_per_mtok": 1.0},
+        ],
+        "timeouts": {"ttft_s": 5},
+        **fields,
+    }
+
+
+async def test_providers_keep_their_key_secret(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    created = await call(http, server, "POST", "/api/v1/providers", body=provider_body(server))
+    assert created.status == 201, created.text
+    provider = created.body
+    assert provider["api_key_hint"] == "sk-…6789"
+    assert provider["timeouts"]["ttft_s"] == 5
+    assert provider["timeouts"]["connect_s"] == server.settings.provider_connect_timeout_s
+    assert provider["models"][0] == {
+        "name": "sim-1",
+        "input_per_mtok": 2.0,
+        "cached_input_per_mtok": 2.0,
+        "output_per_mtok": 10.0,
+    }
+    assert KEY not in created.text
+    listed = await call(http, server, "GET", "/api/v1/providers")
+    assert [p["name"] for p in listed.body["items"]] == ["priced"] and KEY not in listed.text
+    # At rest the key is ciphertext only; the audit log records that a key was set.
+    [row] = await rows(server, sa.select(providers))
+    assert row.api_key_ciphertext and KEY.encode() not in row.api_key_ciphertext
+    created_audit = await rows(
+        server, sa.select(audit_events).where(audit_events.c.action == "provider.create")
+    )
+    assert created_audit[0].data["api_key_set"] is True
+    assert KEY not in str(created_audit[0].data)
+
+    path = f"/api/v1/providers/{provider['id']}"
+    changed = await call(http, server, "PATCH", path, body={"api_key": "sk-other-key-abcdefgh"})
+    assert changed.body["api_key_hint"] == "sk-…efgh"
+    removed = await call(http, server, "PATCH", path, body={"api_key": None})
+    assert removed.body["api_key_hint"] is None
+    timeouts = await call(http, server, "PATCH", path, body={"timeouts": {"idle_s": 7}})
+    assert timeouts.body["timeouts"]["idle_s"] == 7 and timeouts.body["timeouts"]["ttft_s"] == 5
+    updates = await rows(
+        server, sa.select(audit_events).where(audit_events.c.action == "provider.update")
+    )
+    assert len(updates) == 3 and "sk-other" not in str([u.data for u in updates])
+
+    again = await call(http, server, "POST", "/api/v1/providers", body=provider_body(server))
+    assert problem(again, 409)["type"].endswith("/conflict")
+    builtin = await call(
+        http, server, "POST", "/api/v1/providers", body=provider_body(server, name="simulated")
+    )
+    assert "built-in" in problem(builtin, 409)["detail"]
+    for bad in (
+        {"base_url": "http://user:pass@example.com/v1"},
+        {"base_url": "ftp://example.com"},
+        {"base_url": "http://example.com/v1?key=1"},
+        {"name": "has/slash"},
+        {"models": [{"name": "m"}, {"name": "m"}]},
+        {"models": [{"name": "m", "input_per_mtok": -1}]},
+        {"timeouts": {"ttft_s": 0}},
+        {"timeouts": {"ttft_s": 30, "deadline_s": 10}},
+        {"api_key": "has a space"},
+        {"surprise": 1},
+    ):
+        reply = await call(
+            http,
+            server,
+            "POST",
+            "/api/v1/providers",
+            body={**provider_body(server, name="x"), **bad},
+        )
+        problem(reply, 422)
+        assert "has a space" not in reply.text
+    assert await count(server, providers) == 1
+    deleted = await call(http, server, "DELETE", path)
+    assert deleted.status == 204
+    assert (await call(http, server, "GET", path)).status == 404
+
+
+async def test_routes_check_their_chain_and_protect_their_providers(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    provider = (
+        await call(http, server, "POST", "/api/v1/providers", body=provider_body(server))
+    ).body
+    chain = [{"provider": "priced", "model": "sim-1"}, {"provider": "simulated", "model": "sim-1"}]
+    made = await call(
+        http, server, "POST", "/api/v1/model-routes", body={"name": "smart", "chain": chain}
+    )
+    assert made.status == 201, made.text
+    assert made.body["chain"] == chain
+    for bad_chain, why in (
+        ([{"provider": "nobody", "model": "m"}], "no provider named"),
+        ([{"provider": "priced", "model": "unlisted"}], "offers no model"),
+        ([chain[0], chain[0]], "repeats"),
+    ):
+        reply = await call(
+            http, server, "POST", "/api/v1/model-routes", body={"name": "r", "chain": bad_chain}
+        )
+        assert why in problem(reply, 422)["detail"]
+    problem(await call(http, server, "POST", "/api/v1/model-routes", body={"name": "r"}), 422)
+    too_long = [{"provider": "simulated", "model": f"m{i}"} for i in range(9)]
+    problem(
+        await call(
+            http, server, "POST", "/api/v1/model-routes", body={"name": "r", "chain": too_long}
+        ),
+        422,
+    )
+    provider_path = f"/api/v1/providers/{provider['id']}"
+    in_use = await call(http, server, "DELETE", provider_path)
+    assert "smart" in problem(in_use, 409)["detail"]
+    renamed = await call(http, server, "PATCH", provider_path, body={"name": "renamed"})
+    problem(renamed, 409)
+    route_path = f"/api/v1/model-routes/{made.body['id']}"
+    shorter = await call(http, server, "PATCH", route_path, body={"chain": chain[1:]})
+    assert shorter.body["chain"] == chain[1:]
+    assert (await call(http, server, "DELETE", provider_path)).status == 204
+    assert (await call(http, server, "DELETE", route_path)).status == 204
+    assert (await call(http, server, "GET", "/api/v1/model-routes")).body["items"] == []
+
+
+async def test_the_openai_sdk_streams_and_non_streams_through_the_relay(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    await call(http, server, "POST", "/api/v1/providers", body=provider_body(server))
+    route = {"name": "smart", "chain": [{"provider": "priced", "model": "sim-1"}]}
+    await call(http, server, "POST", "/api/v1/model-routes", body=route)
+    client = openai.AsyncOpenAI(
+        base_url=server.base_url + "/v1", api_key=server.boot.api_key, max_retries=0
+    )
+    async with client:
+        models = [m.id async for m in client.models.list()]
+        assert models == ["smart", "priced/other", "priced/sim-1", "simulated/sim-1"]
+
+        stream = await client.chat.completions.create(
+            model="smart",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        pieces, finish, usage, roles = [], None, None, []
+        async for chunk in stream:
+            assert chunk.model == "smart" and chunk.object == "chat.completion.chunk"
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                if choice.delta.role:
+                    roles.append(choice.delta.role)
+                if choice.delta.content:
+                    pieces.append(choice.delta.content)
+                finish = choice.finish_reason or finish
+        assert "".join(pieces) == ANSWER and len(pieces) > 1
+        assert roles == ["assistant"] and finish == "stop"
+        assert usage is not None
+        assert (usage.prompt_tokens, usage.completion_tokens) == (PROMPT_TOKENS, 24)
+
+        whole = await client.chat.completions.with_raw_response.create(
+            model="priced/sim-1",
+            messages=MESSAGES,
+            max_tokens=5,  # type: ignore[arg-type]
+        )
+        assert whole.headers["x-bullpen-provider"] == "priced"
+        completion = whole.parse()
+        assert completion.choices[0].message.content == "".join(completion_tokens(MESSAGES, 5))
+        assert completion.choices[0].finish_reason == "length"
+        assert completion.usage is not None and completion.usage.completion_tokens == 5
+
+        with pytest.raises(openai.NotFoundError) as missing:
+            await client.chat.completions.create(model="nope", messages=MESSAGES)  # type: ignore[arg-type]
+        assert "nope" in missing.value.message
+        with pytest.raises(openai.UnprocessableEntityError):
+            await client.chat.completions.create(model="smart", messages=MESSAGES, n=2)  # type: ignore[arg-type]
+
+    # The usage of both calls, priced, against the caller's key.
+    for _ in range(100):
+        if await count(server, cost_events) == 2:
+            break
+        await asyncio.sleep(0.02)
+    ledger = await rows(server, sa.select(cost_events).order_by(cost_events.c.output_tokens))
+    assert [(r.provider, r.model, r.output_tokens) for r in ledger] == [
+        ("priced", "sim-1", 5),
+        ("priced", "sim-1", 24),
+    ]
+    assert all(r.api_key_id is not None and r.run_id is None for r in ledger)
+    assert ledger[1].cost_usd == pytest.approx((PROMPT_TOKENS * 2.0 + 24 * 10.0) / 1e6)
+
+
+async def test_relay_problems_are_also_openai_errors(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    body = {"model": "simulated/sim-1", "messages": MESSAGES}
+    anonymous = await call(http, server, "POST", "/v1/chat/completions", headers={}, body=body)
+    details = problem(anonymous, 401)
+    assert details["error"]["message"] == details["detail"]
+    for bad in (
+        {"model": "simulated/sim-1"},
+        {"model": "simulated/sim-1", "messages": []},
+        {"model": "simulated/sim-1", "messages": [{"role": "robot", "content": "x"}]},
+        {**body, "stream": "yes"},
+        {**body, "max_tokens": 0},
+        {**body, "stream_options": {"include_usage": True, "other": 1}},
+    ):
+        problem(await call(http, server, "POST", "/v1/chat/completions", body=bad), 422)
+    missing = await call(http, server, "POST", "/v1/chat/completions", body={**body, "model": "x"})
+    assert problem(missing, 404)["type"].endswith("/model-not-found")
