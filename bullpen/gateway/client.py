@@ -120,6 +120,8 @@ class GatewayClient:
                         raise await _refusal(provider, response)
                     opening = await parser.until_content(response.content)
                 exchange.ttft_s = loop.time() - started if parser.saw_content else None
+                if not parser.saw_content:
+                    parser.raise_pending()
             except TimeoutError:
                 raise failure(
                     ProviderTimeout,
@@ -128,6 +130,7 @@ class GatewayClient:
                 ) from None
             for chunk in opening:
                 yield chunk
+            parser.raise_pending()
             while not parser.ended:
                 try:
                     async with asyncio.timeout(limits.idle_s):
@@ -143,6 +146,7 @@ class GatewayClient:
                     break
                 for chunk in parser.feed(data):
                     yield chunk
+                parser.raise_pending()
             if not parser.saw_content and exchange.finish_reason is None:
                 raise failure(
                     ProviderError,
@@ -180,7 +184,7 @@ class GatewayClient:
 class _Lines:
     """An SSE reader for one response: splits lines, parses `data:` chunks, notes metadata."""
 
-    __slots__ = ("_exchange", "_provider", "_rest", "ended", "saw_content")
+    __slots__ = ("_exchange", "_provider", "_rest", "ended", "error", "saw_content")
 
     def __init__(self, provider: Provider, exchange: Exchange) -> None:
         self._provider = provider
@@ -188,11 +192,18 @@ class _Lines:
         self._rest = b""
         self.ended = False
         self.saw_content = False
+        # A failure found in a read is raised after the chunks before it were handed on.
+        self.error: ProviderError | None = None
+
+    def raise_pending(self) -> None:
+        """Raise the failure the last read ended with, if any."""
+        if self.error is not None:
+            raise self.error
 
     async def until_content(self, content: aiohttp.StreamReader) -> list[dict[str, Any]]:
         """Read until a chunk with content arrives (or the stream ends); return the chunks."""
         chunks: list[dict[str, Any]] = []
-        while not self.saw_content and not self.ended:
+        while not self.saw_content and not self.ended and self.error is None:
             data = await content.readany()
             if not data:
                 self.ended = True
@@ -215,7 +226,12 @@ class _Lines:
                 self.ended = True
                 break
             if payload:
-                chunk = self._chunk(payload)
+                try:
+                    chunk = self._chunk(payload)
+                except ProviderError as err:
+                    self.error = err
+                    self.ended = True
+                    break
                 if chunk is not None:
                     out.append(chunk)
         return out

@@ -119,11 +119,18 @@ def test_stream_lines_are_parsed_like_openai_sends_them() -> None:
         4,
     )
     assert exchange.cached_input_tokens == 2
+    bad = _Lines(provider, Exchange())
+    assert bad.feed(b"data: {oops\n") == [] and bad.ended
     with pytest.raises(ProviderError, match="malformed"):
-        _Lines(provider, Exchange()).feed(b"data: {oops\n")
+        bad.raise_pending()
+    # Content before an error in the same read is handed on first; the error comes after.
+    failing = _Lines(provider, Exchange())
+    content = b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n'
+    [before] = failing.feed(content + b'data: {"error":{"message":"overloaded"}}\n' + content)
+    assert before["choices"][0]["delta"]["content"] == "Hi"
     with pytest.raises(ProviderError, match="overloaded") as err:
-        _Lines(provider, Exchange()).feed(b'data: {"error":{"message":"overloaded"}}\n')
+        failing.raise_pending()
     assert err.value.transient and err.value.reason == "stream-error"
-    with pytest.raises(ProviderError) as echoed:
-        _Lines(provider, Exchange()).feed(b'data: {"error":{"message":"sk-secret-key-123"}}\n')
-    assert "sk-secret-key-123" not in echoed.value.detail
+    echoed = _Lines(provider, Exchange())
+    echoed.feed(b'data: {"error":{"message":"sk-secret-key-123"}}\n')
+    assert echoed.error is not None and "sk-secret-key-123" not in echoed.error.detail
