@@ -185,7 +185,7 @@ async def test_after_content_a_failure_ends_the_call_visibly(
 
 
 async def test_a_stream_without_a_finish_reason_is_not_a_success(rig: Rig) -> None:
-    call, pieces, error = await run(rig, rig.chain("no-finish"))
+    _call, pieces, error = await run(rig, rig.chain("no-finish"))
     assert isinstance(error, ProviderIncomplete) and error.reason == "no-finish"
     assert pieces == FULL and rig.calls() == [1, 0, 0]
 
@@ -197,7 +197,7 @@ async def test_a_slow_stream_is_served_whole(rig: Rig) -> None:
 
 
 async def test_echoed_keys_are_masked_in_the_text(rig: Rig) -> None:
-    call, pieces, error = await run(rig, rig.chain("echo"))
+    _call, pieces, error = await run(rig, rig.chain("echo"))
     text = "".join(pieces)
     assert error is None and '"authorization"' in text.lower()
     assert KEY not in text and "Bearer [redacted]" in text
@@ -207,7 +207,7 @@ async def test_when_every_provider_fails_the_error_is_unavailable_with_a_retry_h
     rig: Rig,
 ) -> None:
     chain = [Target(p, "m@503") for p in rig.providers]
-    call, pieces, error = await run(rig, chain)
+    _call, pieces, error = await run(rig, chain)
     assert isinstance(error, ProviderUnavailable) and error.transient
     assert error.retry_after is not None and pieces == []
     assert "primary: http-503; backup: http-503; third: http-503" in error.detail

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import logging
 import secrets
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote, quote_plus
@@ -180,7 +179,7 @@ async def test_the_provider_key_appears_nowhere(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    primary, backup = sims
+    primary, _backup = sims
     seen: list[str] = []  # every response: status line, headers and body
 
     async def api(method: str, path: str, body: Any = None, **kw: Any) -> Any:
