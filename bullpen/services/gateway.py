@@ -34,7 +34,7 @@ MAX_CHAIN = 8
 _MAX_PENDING = 100_000
 
 
-def _context(provider_id: UUID) -> bytes:
+def key_context(provider_id: UUID) -> bytes:
     """The associated data binding a sealed key to its provider row."""
     return b"provider:" + provider_id.bytes
 
@@ -111,7 +111,7 @@ class Directory:
     def _provider(self, row: Any) -> Provider:
         api_key = None
         if row.api_key_ciphertext is not None:
-            api_key = self._box.open(row.api_key_ciphertext, _context(row.id))
+            api_key = self._box.open(row.api_key_ciphertext, key_context(row.id))
         return Provider(
             key=str(row.id),
             name=row.name,
@@ -189,7 +189,7 @@ class GatewayConfig:
             **self._timeouts(timeouts),
         }
         if api_key is not None:
-            values["api_key_ciphertext"] = self._box.seal(api_key, _context(provider_id))
+            values["api_key_ciphertext"] = self._box.seal(api_key, key_context(provider_id))
             values["api_key_hint"] = hint(api_key)
         async with self._store.write() as conn:
             await gateway_store.create_provider(
@@ -234,7 +234,7 @@ class GatewayConfig:
             if "api_key" in changes:
                 key = changes["api_key"]
                 values["api_key_ciphertext"] = (
-                    None if key is None else self._box.seal(key, _context(provider_id))
+                    None if key is None else self._box.seal(key, key_context(provider_id))
                 )
                 values["api_key_hint"] = None if key is None else hint(key)
             if "name" in values and values["name"] != before.name:
@@ -436,13 +436,20 @@ def _auditable(values: dict[str, Any]) -> dict[str, Any]:
 
 
 class UsageLedger:
-    """Cost rows written in batches by one background task; `async with` flushes at the end."""
+    """Cost rows of relay calls, group-committed by one background task.
 
-    def __init__(self, store: Store, *, interval_s: float = 0.05, max_batch: int = 500) -> None:
+    `record` returns a future that resolves once the row's batch committed; the relay awaits it
+    before it tells the caller the call is complete, so a finished call's cost is durable. Rows
+    arriving while a batch commits go into the next one. While the database is away the rows
+    are kept (bounded) and the futures resolve anyway: a caller is not held hostage to the
+    ledger.
+    """
+
+    def __init__(self, store: Store, *, max_batch: int = 500) -> None:
         self._store = store
-        self._interval_s = interval_s
         self._max_batch = max_batch
         self._pending: list[dict[str, Any]] = []
+        self._waiting: list[asyncio.Future[None]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.written = 0
@@ -460,23 +467,28 @@ class UsageLedger:
                 pass
         await self._flush()
 
-    def record(self, row: dict[str, Any]) -> None:
-        """Queue one row (every `cost_events` column but `id`)."""
+    def record(self, row: dict[str, Any]) -> asyncio.Future[None]:
+        """Queue one row (every `cost_events` column but `id`); the future says it committed."""
+        future = asyncio.get_running_loop().create_future()
         self._pending.append(row)
-        if len(self._pending) >= self._max_batch:
-            self._wake.set()
+        self._waiting.append(future)
+        self._wake.set()
+        return future
 
     async def _run(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self._interval_s)
-            except TimeoutError:
-                pass
+            await self._wake.wait()
             self._wake.clear()
             await self._flush()
+            if self._pending:
+                await asyncio.sleep(1.0)  # the database was away: try again shortly
+                self._wake.set()
 
     async def _flush(self) -> None:
-        rows, self._pending = self._pending, []
+        rows, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
+        waiting, self._waiting = self._waiting[: len(rows)], self._waiting[len(rows) :]
+        if self._pending:
+            self._wake.set()
         if not rows:
             return
         try:
@@ -490,3 +502,6 @@ class UsageLedger:
                 lost = len(self._pending) - _MAX_PENDING
                 del self._pending[:lost]
                 log.error("dropped %d usage rows: the database was away too long", lost)
+        for future in waiting:
+            if not future.done():
+                future.set_result(None)

@@ -18,7 +18,10 @@ import sqlalchemy as sa
 from bullpen.domain import tokens
 from bullpen.domain.principal import Role
 from bullpen.services.auth import hash_password
+from bullpen.services.gateway import key_context
+from bullpen.services.secrets import SecretBox
 from bullpen.store import agents as agent_store
+from bullpen.store import gateway as gateway_store
 from bullpen.store import identity
 from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection, Store
@@ -122,7 +125,43 @@ async def seed_tenant(store: Store, secret: bytes, csrf: Any, now: datetime, lab
         await conn.execute(tasks.update().where(tasks.c.id == failed.id).values(status="failed"))
         await conn.execute(runs.update().where(runs.c.id == failed_run.id).values(status="failed"))
         tenant.objects["failed_task"] = str(failed.id)
+        await _gateway(conn, tenant, secret, ws, tag, now)
     return tenant
+
+
+async def _gateway(
+    conn: Connection, tenant: Tenant, secret: bytes, ws: uuid.UUID, tag: str, now: datetime
+) -> None:
+    """A provider with a sealed key that a route uses, and an unused one."""
+    box = SecretBox(secret)
+    for placeholder in ("provider", "idle_provider"):
+        provider_id = uuid.uuid4()
+        await gateway_store.create_provider(
+            conn,
+            provider_id=provider_id,
+            workspace_id=ws,
+            values={
+                "name": f"{placeholder}-{tag}",
+                "base_url": "http://127.0.0.1:9/v1",
+                "api_key_ciphertext": box.seal("sk-matrix-key", key_context(provider_id)),
+                "api_key_hint": "sk-…-key",
+                "models": [],
+                "connect_timeout_s": 1.0,
+                "ttft_timeout_s": 1.0,
+                "idle_timeout_s": 1.0,
+                "deadline_s": 10.0,
+            },
+            now=now,
+        )
+        tenant.objects[placeholder] = str(provider_id)
+    route_id = await gateway_store.create_route(
+        conn,
+        workspace_id=ws,
+        name=f"route-{tag}",
+        chain=[{"provider": f"provider-{tag}", "model": "m"}],
+        now=now,
+    )
+    tenant.objects["route"] = str(route_id)
 
 
 async def _user(conn: Connection, email: str, now: datetime, instance_admin: bool) -> uuid.UUID:

@@ -145,6 +145,7 @@ async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDe
         if not body.stream:
             async for chunk in chunks:
                 answer.absorb(chunk)
+            await settle.finish()
             return Response(
                 orjson.dumps(answer.completion(call)),
                 media_type="application/json",
@@ -154,9 +155,6 @@ async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDe
     except BaseException:
         settle()
         raise
-    finally:
-        if not body.stream:
-            settle()
     # Whatever ends the request (its end, a client gone before the stream began, a crash)
     # settles the call once.
     task = asyncio.current_task()
@@ -194,7 +192,18 @@ class _Settle:
         """The gateway call being settled."""
         return self._call
 
+    async def finish(self) -> None:
+        """The call completed: record its usage and wait until that is durable."""
+        if self._done:
+            return
+        self._done = True
+        self._svc.relay_slots.give_back()
+        recorded = _record(self._svc, self._principal, self._call)
+        if recorded is not None:
+            await recorded
+
     def __call__(self) -> None:
+        """The call ended any other way: close upstream if open, record without waiting."""
         if self._done:
             return
         self._done = True
@@ -245,6 +254,7 @@ async def _sse(
             # Content went out already: say so in-band, and never send [DONE].
             yield _error_frame(err)
             return
+        await settle.finish()
         if include_usage:
             yield answer.usage_frame(settle.call)
         yield _DONE
@@ -362,12 +372,12 @@ def _served_headers(call: Call) -> dict[str, str]:
     return {"X-Bullpen-Provider": served.provider.name, "X-Bullpen-Model": served.model}
 
 
-def _record(svc: Services, principal: Principal, call: Call) -> None:
-    """The call's usage in the ledger, against the caller."""
+def _record(svc: Services, principal: Principal, call: Call) -> asyncio.Future[None] | None:
+    """The call's usage in the ledger, against the caller; None if it used nothing."""
     served = call.served_by
     if served is None or call.cost_usd is None:
-        return
-    svc.ledger.record(
+        return None
+    return svc.ledger.record(
         {
             "workspace_id": principal.workspace_id,
             "run_id": None,
