@@ -247,7 +247,8 @@ def bench(
     scenario: Annotated[
         str,
         typer.Option(
-            help="reference (create, stream, think; ramp to 80) or create (create throughput)."
+            help="reference (create, stream, think; ramp to 80), create (create throughput), "
+            "queue (the run queue) or relay (the relay's added latency)."
         ),
     ] = "reference",
     backend: Annotated[
@@ -283,11 +284,15 @@ def bench(
     concurrency: Annotated[
         int, typer.Option(help="[create] Clients creating tasks back to back.")
     ] = 32,
-    duration: Annotated[float, typer.Option(help="[create] Measured seconds per round.")] = 15.0,
+    duration: Annotated[
+        float, typer.Option(help="[create, relay] Measured seconds per round.")
+    ] = 15.0,
     warmup: Annotated[
-        float, typer.Option(help="[create] Warm-up seconds before each round.")
+        float, typer.Option(help="[create, relay] Warm-up seconds before each round.")
     ] = 3.0,
-    rounds: Annotated[int, typer.Option(help="[create] Rounds per server.")] = 3,
+    rounds: Annotated[
+        int, typer.Option(help="[create, relay] Rounds per server (relay: per side and level).")
+    ] = 3,
     runs: Annotated[
         int, typer.Option(help="[queue] Runs enqueued for each throughput measurement.")
     ] = 5000,
@@ -298,24 +303,30 @@ def bench(
     samples: Annotated[
         int, typer.Option(help="[queue] Runs enqueued one at a time for the latency.")
     ] = 200,
+    streams: Annotated[
+        str, typer.Option(help="[relay] Concurrent streams per level, e.g. 50,200.")
+    ] = "50,200",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON, no progress bar.")] = False,
 ) -> None:
-    """Load tests: the reference scenario (default), create throughput (--scenario create) or
-    the run queue (--scenario queue: runs/s per worker count, claim latency, noisy neighbour)."""
+    """Load tests: the reference scenario (default), create throughput (--scenario create),
+    the run queue (--scenario queue: runs/s per worker count, claim latency, noisy neighbour)
+    or the relay (--scenario relay: latency it adds over calling the provider directly)."""
     only: dict[str, tuple[str, ...]] = {
         "reference": ("url", "api_key", "agent_id", "scale", "peak", "hold", "think", "sim"),
         "create": ("baseline_ref", "concurrency", "duration", "warmup", "rounds"),
         "queue": ("runs", "workers", "samples"),
+        "relay": ("streams", "duration", "warmup", "rounds"),
     }
     if scenario not in only:
-        raise typer.BadParameter("--scenario must be reference, create or queue")
+        raise typer.BadParameter("--scenario must be reference, create, queue or relay")
     if backend not in ("sqlite", "postgres"):
         raise typer.BadParameter("--backend must be sqlite or postgres")
     for other, names in only.items():
         for name in names:
             source = ctx.get_parameter_source(name)
             # By name: typer vendors its own copy of click's ParameterSource enum.
-            if other != scenario and source is not None and source.name != "DEFAULT":
+            given = source is not None and source.name != "DEFAULT"
+            if given and name not in only[scenario]:
                 option = "--" + name.replace("_", "-")
                 raise typer.BadParameter(f"{option} applies to --scenario {other} only")
     if scenario == "create":
@@ -324,6 +335,17 @@ def bench(
             pg_url=pg_url,
             baseline_ref=baseline_ref,
             concurrency=concurrency,
+            duration=duration,
+            warmup=warmup,
+            rounds=rounds,
+            as_json=as_json,
+        )
+        return
+    if scenario == "relay":
+        _bench_relay(
+            backend,
+            pg_url=pg_url,
+            streams=streams,
             duration=duration,
             warmup=warmup,
             rounds=rounds,
@@ -465,6 +487,61 @@ def _bench_queue(
     else:
         for line in queue_report_lines(report, backend):  # type: ignore[arg-type]
             print(line, flush=True)
+
+
+def _bench_relay(
+    backend: str,
+    *,
+    pg_url: str,
+    streams: str,
+    duration: float,
+    warmup: float,
+    rounds: int,
+    as_json: bool,
+) -> None:
+    """`bullpen bench --scenario relay`: the relay's added latency, direct and relayed rounds."""
+    import math
+
+    from bullpen.bench.relaybench import run_relay_bench
+
+    try:
+        levels = [int(part) for part in streams.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter("--streams must be a comma-separated list of counts") from None
+    if not levels or min(levels) < 1 or rounds < 1:
+        raise typer.BadParameter("--streams counts and --rounds must be >= 1")
+    if not (math.isfinite(duration) and duration > 0 and math.isfinite(warmup) and warmup >= 0):
+        raise typer.BadParameter("--duration must be > 0 and --warmup >= 0")
+
+    def step(line: str) -> None:
+        if not as_json:
+            console.print(line, highlight=False)
+
+    measured = uvloop.run(
+        run_relay_bench(
+            backend,  # type: ignore[arg-type]
+            pg_admin_url=pg_url,
+            concurrencies=levels,
+            rounds=rounds,
+            duration_s=duration,
+            warmup_s=warmup,
+            on_step=step,
+        )
+    )
+    summaries = [level.summary() for level in measured]
+    if as_json:
+        print(json.dumps({"backend": backend, "levels": summaries}), flush=True)
+        return
+    for level in summaries:
+        print(
+            f"{level['concurrency']} streams: added ttft p50 {level['ttft_p50_added_ms']} ms, "
+            f"p99 {level['ttft_p99_added_ms']} ms; added total p50 "
+            f"{level['total_p50_added_ms']} ms, p99 {level['total_p99_added_ms']} ms "
+            f"(direct ttft p50/p99 {level['ttft_p50_direct_ms']}/{level['ttft_p99_direct_ms']}"
+            f" ms; {level['requests_relay']} relayed, {level['errors']} errors; server CPU "
+            f"{level['server_cpu_ms_per_relay_request']} ms a relayed stream)",
+            flush=True,
+        )
 
 
 # `bullpen providers …` and `bullpen routes …` change the gateway through the HTTP API, so each

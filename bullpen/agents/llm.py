@@ -56,11 +56,12 @@ async def run_llm(run: ClaimedRun, writer: RunWriter, gateway: Gateway) -> RunOu
         }
         if config.max_tokens is not None:
             request["max_tokens"] = config.max_tokens
-        async for chunk in gateway.router.stream(chain, request, call):
-            text = content_of(chunk)
-            if text:
-                parts.append(text)
-                writer.text(text)
+        async for batch in gateway.router.stream(chain, request, call):
+            for chunk in batch:
+                text = content_of(chunk)
+                if text:
+                    parts.append(text)
+                    writer.text(text)
     except BullpenError as err:
         error = err
     served = call.served_by

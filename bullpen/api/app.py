@@ -68,6 +68,7 @@ class SecurityHeaders:
 API_ROUTERS: list[APIRouter] = [
     module.router
     for module in (
+        relay,  # first: routes are matched in order, and the relay is the hot path
         workspaces,
         members,
         users,
@@ -77,7 +78,6 @@ API_ROUTERS: list[APIRouter] = [
         runs,
         audit,
         providers,
-        relay,
     )
 ]
 

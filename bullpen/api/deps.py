@@ -40,10 +40,17 @@ csrf_header = APIKeyHeader(
 )
 
 
-def services(request: Request) -> Services:
+def services_of(request: Request) -> Services:
     """The process's services (built by the lifespan)."""
     svc: Services = request.app.state.services
     return svc
+
+
+# Dependencies are coroutines: FastAPI runs a plain `def` dependency in a worker thread, a
+# thread hop on every request.
+async def services(request: Request) -> Services:
+    """The process's services, as a dependency."""
+    return services_of(request)
 
 
 ServicesDep = Annotated[Services, Depends(services)]
@@ -119,7 +126,7 @@ async def audit_denial(request: Request, reason: str) -> None:
     principal: Principal | None = getattr(request.state, "principal", None)
     if principal is None:
         return  # refused before anyone was identified (e.g. a cross-site form post)
-    svc = services(request)
+    svc = services_of(request)
     async with svc.store.write() as conn:
         await audit.record_by(
             conn,
@@ -132,7 +139,7 @@ async def audit_denial(request: Request, reason: str) -> None:
         )
 
 
-def require_json(request: Request) -> None:
+async def require_json(request: Request) -> None:
     """Refuse bodies that are not JSON with 415."""
     content_type = request.headers.get("content-type", "")
     if content_type.split(";", 1)[0].strip().lower() != "application/json":

@@ -183,7 +183,7 @@ def _canonical(body: bytes) -> bytes:
         return body
 
 
-def idempotent_write(
+async def idempotent_write(
     request: Request,
     svc: ServicesDep,
     idempotency_key: Annotated[

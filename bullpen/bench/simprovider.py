@@ -14,42 +14,19 @@ tested over real sockets. A request's fault comes from, highest precedence first
 that whole name, while `/v1/models` lists only the plain names); the provider's `fault`, which
 starts as `SimConfig.fault` and may be changed while it runs. Faults apply to valid requests: a
 malformed body or an unknown base model is refused as usual, and a bad spec is a 400 with code
-`invalid_fault`. A spec is `name` or `name:arg`:
-
-    hang           200 and SSE headers, then nothing until the client leaves
-    hang-after:N   N content tokens after the role chunk, then nothing until the client leaves
-    429, 429:S     429 rate_limit_exceeded with `Retry-After: S`, S as given (default 1)
-    500, 502, 503  that status, with an OpenAI server_error body
-    529            529 with Anthropic's overloaded_error body
-    spend-limit    429 insufficient_quota, OpenAI's out-of-credit answer, with no Retry-After
-    401            401 invalid_api_key
-    400            400 invalid_request_error
-    echo-error     401 whose message quotes the Authorization header, as real providers do
-    error-after:N  N content tokens, a `data: {"error": ...}` frame, then a clean end
-    cut-after:N    N content tokens, then the connection closes with the body unfinished
-    no-finish      every token, then a clean end with no finish chunk, usage chunk or [DONE]
-    slow:TPS       TPS tokens per second (a decimal > 0) instead of the configured rate
-    echo           the text is the JSON of {"headers": ..., "body": ...} of the request, sent
-                   in 7-character tokens whatever the token cap
-
-N is a whole number (0 allowed; beyond the completion's length it means all of it). Status
-faults answer at once; the others keep the TTFT. Not streamed: `hang` and `hang-after` never
-answer, `cut-after` closes the connection instead of answering, `error-after` answers 500,
-`no-finish` answers `finish_reason: null`. `SimulatedProvider.requests` counts every chat
-completion request by the model it named, faulted and refused ones included.
+`invalid_fault`. The spec grammar and what each fault does are in `bullpen.bench.simfaults`.
+`SimulatedProvider.requests` counts every chat completion request by the model it named, faulted
+and refused ones included.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
-import functools
 import hashlib
 import hmac
 import math
 import random
-import re
 import secrets
 import time
 from collections import Counter
@@ -61,6 +38,18 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+
+from bullpen.bench.simfaults import (
+    ERROR_FRAME,
+    NO_FAULT,
+    End,
+    Fault,
+    cut,
+    echo_tokens,
+    hang,
+    internal_error,
+    parse_fault,
+)
 
 __all__ = ["SimConfig", "SimulatedProvider", "build_app", "completion_tokens", "serve_forever"]
 
@@ -79,7 +68,6 @@ _ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool", "
 _DONE_FRAME: Final = b"data: [DONE]\n\n"
 _CHAT_PATH: Final = "/v1/chat/completions"
 _FAULT_HEADER: Final = "X-Bullpen-Sim-Fault"
-_ECHO_CHUNK_CHARS: Final = 7
 _VOCABULARY: Final = tuple(
     """
     the of and to in is it that was for on are with as his they be at one have this from or
@@ -108,7 +96,7 @@ class SimConfig:
     response_tokens: int = 64
     models: tuple[str, ...] = ("sim-1",)
     api_key: str | None = None
-    fault: str | None = None  # a fault spec (see the module docstring) for every request
+    fault: str | None = None  # a fault spec (see simfaults) for every request
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.ttft_ms) and self.ttft_ms >= 0):
@@ -135,7 +123,7 @@ class SimConfig:
         if self.fault is not None:
             if not isinstance(self.fault, str):
                 raise ValueError(f"fault must be a fault spec or None, got {self.fault!r}")
-            _parse_fault(self.fault)
+            parse_fault(self.fault)
 
 
 def completion_tokens(messages: Sequence[Mapping[str, Any]], n: int) -> list[str]:
@@ -380,162 +368,11 @@ async def _sleep_until(deadline: float) -> None:
         await asyncio.sleep(delay)
 
 
-class _End(enum.Enum):
-    """How a stream ends once its content tokens are out."""
-
-    FINISH = enum.auto()  # the healthy ending: finish chunk, usage chunk if asked for, [DONE]
-    CLOSE = enum.auto()  # a clean end of body and nothing else (no-finish)
-    ERROR = enum.auto()  # an in-band error frame, then a clean end (error-after)
-    CUT = enum.auto()  # the connection closed with the body unfinished (cut-after)
-    HANG = enum.auto()  # nothing more until the client leaves (hang, hang-after)
-
-
-_Refusal = Callable[[web.Request], web.Response]
-
-
-@dataclass(frozen=True, slots=True)
-class _Fault:
-    """What a fault spec changes about a response; the defaults change nothing."""
-
-    spec: str
-    refusal: _Refusal | None = None  # answered at once, instead of a completion
-    silent: bool = False  # not even the role chunk goes out (hang)
-    after: int | None = None  # content tokens sent before `end`; None sends them all
-    end: _End = _End.FINISH
-    interval_s: float | None = None  # seconds per token, instead of the configured rate
-    echo: bool = False
-
-
-_NO_FAULT: Final = _Fault("")
-
-
-def _openai_error(message: str, kind: str, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
-
-
-def _refusal(
-    status: int, error: Mapping[str, Any], headers: Mapping[str, str] | None = None
-) -> _Refusal:
-    raw = orjson.dumps(error)  # serialised once per spec, not once per request
-
-    def refuse(request: web.Request) -> web.Response:
-        return web.Response(
-            status=status, body=raw, headers=headers, content_type="application/json"
-        )
-
-    return refuse
-
-
-def _rate_limited(retry_after: str) -> _Refusal:
-    message = f"Rate limit reached for requests. Please try again in {retry_after}s."
-    error = _openai_error(message, "requests", "rate_limit_exceeded")
-    return _refusal(429, error, {"Retry-After": retry_after})
-
-
-def _echo_key_error(request: web.Request) -> web.Response:
-    message = f"Incorrect API key provided: {request.headers.get('Authorization', '')}."
-    error = _openai_error(message, "invalid_request_error", "invalid_api_key")
-    return web.Response(status=401, body=orjson.dumps(error), content_type="application/json")
-
-
-def _status_fault(
-    spec: str, status: int, message: str, kind: str, code: str | None = None
-) -> _Fault:
-    return _Fault(spec, refusal=_refusal(status, _openai_error(message, kind, code)))
-
-
-_SERVER_ERROR: Final = _openai_error(
-    "The server had an error while processing your request. Sorry about that!", "server_error"
-)
-_ERROR_FRAME: Final = b"data: " + orjson.dumps(_SERVER_ERROR) + b"\n\n"
-_internal_error = _refusal(500, _SERVER_ERROR)
-_QUOTA_MESSAGE: Final = (
-    "You exceeded your current quota, please check your plan and billing details."
-)
-_ANTHROPIC_OVERLOADED: Final = {
-    "type": "error",
-    "error": {"type": "overloaded_error", "message": "Overloaded"},
-}
-_FIXED_FAULTS: Final = {
-    fault.spec: fault
-    for fault in (
-        _Fault("hang", silent=True, after=0, end=_End.HANG),
-        _Fault("no-finish", end=_End.CLOSE),
-        _Fault("echo", echo=True),
-        _Fault("echo-error", refusal=_echo_key_error),
-        _Fault("429", refusal=_rate_limited("1")),
-        _Fault("500", refusal=_internal_error),
-        _status_fault("502", 502, "Bad gateway.", "server_error"),
-        _status_fault("503", 503, "The server is overloaded or not ready yet.", "server_error"),
-        _Fault("529", refusal=_refusal(529, _ANTHROPIC_OVERLOADED)),
-        _status_fault(
-            "spend-limit", 429, _QUOTA_MESSAGE, "insufficient_quota", "insufficient_quota"
-        ),
-        _status_fault(
-            "401", 401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
-        ),
-        _status_fault("400", 400, "Simulated invalid request.", "invalid_request_error"),
-    )
-}
-_COUNTED_ENDS: Final = {"hang-after": _End.HANG, "error-after": _End.ERROR, "cut-after": _End.CUT}
-_WHOLE: Final = re.compile(r"[0-9]+")
-_DECIMAL: Final = re.compile(r"[0-9]+(?:\.[0-9]+)?")
-_GRAMMAR: Final = (
-    "hang, hang-after:N, 429, 429:S, 500, 502, 503, 529, spend-limit, 401, 400, echo-error, "
-    "error-after:N, cut-after:N, no-finish, slow:TPS, echo"
-)
-
-
-@functools.lru_cache(maxsize=256)
-def _parse_fault(spec: str) -> _Fault:
-    """Parse a fault spec (grammar in the module docstring), raising ValueError if it is bad."""
-    fixed = _FIXED_FAULTS.get(spec)
-    if fixed is not None:
-        return fixed
-    name, colon, arg = spec.partition(":")
-    if name in _COUNTED_ENDS and _WHOLE.fullmatch(arg):
-        return _Fault(spec, after=int(arg), end=_COUNTED_ENDS[name])
-    if name == "429" and _DECIMAL.fullmatch(arg):
-        return _Fault(spec, refusal=_rate_limited(arg))
-    if name == "slow" and _DECIMAL.fullmatch(arg) and float(arg) > 0:
-        return _Fault(spec, interval_s=1 / float(arg))
-    if name in _COUNTED_ENDS:
-        why = f"{name} takes a whole number of tokens, as in {name}:3"
-    elif name == "429":
-        why = "429 takes a Retry-After in seconds, as in 429:0.5"
-    elif name == "slow":
-        why = "slow takes a rate in tokens per second above 0, as in slow:20"
-    elif name in _FIXED_FAULTS and colon:
-        why = f"{name} takes no argument"
-    else:
-        why = "unknown fault"
-    raise ValueError(f"Invalid fault {spec!r}: {why}. Faults: {_GRAMMAR}.")
-
-
-def _request_fault(spec: str, param: str | None) -> _Fault:
+def _request_fault(spec: str, param: str | None) -> Fault:
     try:
-        return _parse_fault(spec)
+        return parse_fault(spec)
     except ValueError as exc:
         raise _ApiError(400, str(exc), param=param, code="invalid_fault") from exc
-
-
-def _echo_tokens(request: web.Request, body: object) -> list[str]:
-    # str(): the names are multidict's istr, a str subclass orjson refuses as a dict key.
-    headers = {str(name): value for name, value in request.headers.items()}
-    text = orjson.dumps({"headers": headers, "body": body}).decode()
-    return [text[i : i + _ECHO_CHUNK_CHARS] for i in range(0, len(text), _ECHO_CHUNK_CHARS)]
-
-
-async def _hang() -> None:
-    # Ends only by cancellation: the client leaving (handler_cancellation) or shutdown.
-    await asyncio.get_running_loop().create_future()
-
-
-def _cut(request: web.Request) -> None:
-    # close(), not abort(): close sends what is still buffered first, so the client gets every
-    # token written before the connection drops, then an unfinished chunked body.
-    if request.transport is not None:
-        request.transport.close()
 
 
 class _StreamFrames:
@@ -577,12 +414,12 @@ class _StreamFrames:
         """Return the trailing chunk with token counts and no choices."""
         return b"data: " + orjson.dumps({**self._envelope, "choices": [], "usage": usage}) + b"\n\n"
 
-    def ending(self, end: _End, finish_reason: str, usage: Mapping[str, int]) -> bytes:
+    def ending(self, end: End, finish_reason: str, usage: Mapping[str, int]) -> bytes:
         """Return the frames that follow the content tokens for a stream that ends with `end`."""
-        if end is _End.FINISH:
+        if end is End.FINISH:
             usage_chunk = self.usage(usage) if self.include_usage else b""
             return self.finish(finish_reason) + usage_chunk + _DONE_FRAME
-        return _ERROR_FRAME if end is _End.ERROR else b""
+        return ERROR_FRAME if end is End.ERROR else b""
 
 
 class _Simulator:
@@ -591,7 +428,7 @@ class _Simulator:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.requests: Counter[str] = Counter()
-        self.fault = None if config.fault is None else _parse_fault(config.fault)
+        self.fault = None if config.fault is None else parse_fault(config.fault)
         self._models = frozenset(config.models)
         self._ttft_s = config.ttft_ms / 1000
         self._interval_s = 1 / config.tokens_per_second
@@ -617,7 +454,7 @@ class _Simulator:
                 body = await _read_json(request)
             self._count(body)
 
-    def _fault_for(self, request: web.Request, chat: _ChatRequest) -> _Fault:
+    def _fault_for(self, request: web.Request, chat: _ChatRequest) -> Fault:
         # Later sources override earlier ones, but every spec given is checked.
         fault = self.fault
         if chat.model_fault is not None:
@@ -625,7 +462,7 @@ class _Simulator:
         header = request.headers.get(_FAULT_HEADER)
         if header is not None:
             fault = _request_fault(header, None)
-        return _NO_FAULT if fault is None else fault
+        return NO_FAULT if fault is None else fault
 
     async def list_models(self, request: web.Request) -> web.Response:
         """Serve `GET /v1/models`."""
@@ -645,7 +482,7 @@ class _Simulator:
             return fault.refusal(request)
         limit = self.config.response_tokens
         if fault.echo:
-            tokens = _echo_tokens(request, body)
+            tokens = echo_tokens(request, body)
             finish_reason = "stop"
         else:
             n = limit if chat.max_tokens is None else min(limit, chat.max_tokens)
@@ -663,14 +500,14 @@ class _Simulator:
             frames = _StreamFrames(completion_id, created, chat.model, chat.include_usage)
             ending = frames.ending(fault.end, finish_reason, usage)
             return await self._stream(request, started, tokens, frames, ending, interval_s, fault)
-        if fault.end is _End.HANG:
-            await _hang()
+        if fault.end is End.HANG:
+            await hang()
         await _sleep_until(started + self._ttft_s + max(len(tokens) - 1, 0) * interval_s)
-        if fault.end is _End.CUT:
-            _cut(request)
+        if fault.end is End.CUT:
+            cut(request)
             return web.Response()  # never sent: the connection is already closing
-        if fault.end is _End.ERROR:
-            return _internal_error(request)
+        if fault.end is End.ERROR:
+            return internal_error(request)
         completion = {
             "id": completion_id,
             "object": "chat.completion",
@@ -682,7 +519,7 @@ class _Simulator:
                     "index": 0,
                     "message": {"role": "assistant", "content": "".join(tokens)},
                     "logprobs": None,
-                    "finish_reason": None if fault.end is _End.CLOSE else finish_reason,
+                    "finish_reason": None if fault.end is End.CLOSE else finish_reason,
                 }
             ],
             "usage": usage,
@@ -697,7 +534,7 @@ class _Simulator:
         frames: _StreamFrames,
         ending: bytes,
         interval_s: float,
-        fault: _Fault,
+        fault: Fault,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -719,10 +556,10 @@ class _Simulator:
                 pending += (frames.content_head, orjson.dumps(token), frames.content_tail)
             pending.append(ending)
             await response.write(b"".join(pending))
-            if fault.end is _End.CUT:
-                _cut(request)
-            elif fault.end is _End.HANG:
-                await _hang()
+            if fault.end is End.CUT:
+                cut(request)
+            elif fault.end is End.HANG:
+                await hang()
             else:
                 await response.write_eof()
         except ConnectionResetError:
@@ -763,7 +600,7 @@ class SimulatedProvider:
 
     @fault.setter
     def fault(self, spec: str | None) -> None:
-        self._simulator.fault = None if spec is None else _parse_fault(spec)
+        self._simulator.fault = None if spec is None else parse_fault(spec)
 
     @property
     def requests(self) -> Counter[str]:

@@ -87,6 +87,7 @@ class SpawnedServer:
     database_url: str | None = field(repr=False)
     _proc: asyncio.subprocess.Process = field(repr=False)
     source: SourceTree | None = None
+    sim_url: str | None = None  # the simulator process's base URL, with `sim="process"`
 
     @property
     def returncode(self) -> int | None:
@@ -468,6 +469,7 @@ async def spawn_server(
             database_url=database_url,
             _proc=res.proc,
             source=source,
+            sim_url=child_env.get("BULLPEN_SIM_URL") if sim == "process" else None,
         )
     except BaseException:
         # Do not let a cleanup failure hide the error that got us here.

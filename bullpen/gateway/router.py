@@ -106,8 +106,9 @@ class Router:
 
     async def stream(
         self, chain: Sequence[Target], request: Mapping[str, Any], call: Call
-    ) -> AsyncGenerator[dict[str, Any], None]:
-        """Yield the serving provider's chunks, content redacted of its key; fill `call`.
+    ) -> AsyncGenerator[list[dict[str, Any]], None]:
+        """Yield the serving provider's chunks in batches (one per read), content redacted of
+        its key; fill `call`.
 
         `request` is an OpenAI chat completion body without `model` and `stream`.
         """
@@ -129,8 +130,8 @@ class Router:
                 attempt = Attempt(provider.name, target.model, "failed")
                 call.attempts.append(attempt)
                 try:
-                    async for chunk in self._attempt(target, request, call, attempt, started):
-                        yield chunk
+                    async for batch in self._attempt(target, request, call, attempt, started):
+                        yield batch
                 except ProviderError as err:
                     attempt.reason, attempt.detail = err.reason, err.detail
                     self._metrics.outcome(provider.name, err.reason)
@@ -196,7 +197,7 @@ class Router:
         call: Call,
         attempt: Attempt,
         call_started: float,
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[list[dict[str, Any]]]:
         provider = target.provider
         exchange = Exchange()
         body = {
@@ -209,7 +210,7 @@ class Router:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + provider.timeouts.deadline_s
         try:
-            async for chunk in self._client.stream(provider, body, exchange):
+            async for batch in self._client.stream(provider, body, exchange):
                 if not call.delivered and exchange.content_chunks:
                     call.delivered = True
                     call.served_by = target
@@ -222,10 +223,11 @@ class Router:
                         f"{provider.timeouts.deadline_s:g} s deadline",
                         reason="deadline",
                     )
-                if redactor is not None:
-                    _redact(chunk, redactor)
-                call.text_chars += _content_chars(chunk)
-                yield chunk
+                for chunk in batch:
+                    if redactor is not None:
+                        _redact(chunk, redactor)
+                    call.text_chars += _content_chars(chunk)
+                yield batch
         finally:
             if call.served_by is target:  # served, completely or not: its usage is owed
                 call.finish_reason = exchange.finish_reason

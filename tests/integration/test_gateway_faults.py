@@ -91,10 +91,11 @@ async def run(rig: Rig, chain: list[Target]) -> tuple[Call, list[str], ProviderE
     """One call; the text pieces the caller received, and the error it ended with."""
     call, pieces = Call(), []
     try:
-        async for chunk in rig.router.stream(chain, {"messages": MESSAGES}, call):
-            text = content_of(chunk)
-            if text:
-                pieces.append(text)
+        async for batch in rig.router.stream(chain, {"messages": MESSAGES}, call):
+            for chunk in batch:
+                text = content_of(chunk)
+                if text:
+                    pieces.append(text)
     except ProviderError as err:
         return call, pieces, err
     return call, pieces, None
@@ -245,10 +246,8 @@ async def test_cancelling_the_caller_closes_the_upstream_request(rig: Rig) -> No
     received: list[str] = []
 
     async def consume() -> None:
-        async for chunk in rig.router.stream(rig.chain("slow:5"), {"messages": MESSAGES}, Call()):
-            text = content_of(chunk)
-            if text:
-                received.append(text)
+        async for batch in rig.router.stream(rig.chain("slow:5"), {"messages": MESSAGES}, Call()):
+            received.extend(text for chunk in batch if (text := content_of(chunk)))
 
     task = asyncio.create_task(consume())
     while not received:

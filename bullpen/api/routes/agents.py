@@ -167,7 +167,7 @@ _AGENT_LINKS = {
 }
 
 
-def _service(svc: ServicesDep) -> AgentService:
+async def _service(svc: ServicesDep) -> AgentService:
     return AgentService(svc.store, svc.clock)
 
 

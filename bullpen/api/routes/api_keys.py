@@ -146,7 +146,7 @@ _KEY_LINKS = {
 }
 
 
-def _service(svc: ServicesDep) -> ApiKeyService:
+async def _service(svc: ServicesDep) -> ApiKeyService:
     return ApiKeyService(svc.store, svc.clock, svc.secret)
 
 

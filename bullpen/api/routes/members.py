@@ -88,7 +88,7 @@ _MEMBER_LINKS = {
 }
 
 
-def _service(svc: ServicesDep) -> WorkspaceService:
+async def _service(svc: ServicesDep) -> WorkspaceService:
     return WorkspaceService(svc.store, svc.clock)
 
 

@@ -299,7 +299,7 @@ Reader = Annotated[Principal, require(Permission.PROVIDERS_READ)]
 Writer = Annotated[Principal, require(Permission.PROVIDERS_WRITE)]
 
 
-def _service(svc: ServicesDep) -> GatewayConfig:
+async def _service(svc: ServicesDep) -> GatewayConfig:
     return GatewayConfig(svc.store, svc.secret_box, svc.directory, svc.clock, svc.provider_defaults)
 
 

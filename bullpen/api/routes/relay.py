@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -143,8 +143,9 @@ async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDe
     answer = _Answer(body.model)
     try:
         if not body.stream:
-            async for chunk in chunks:
-                answer.absorb(chunk)
+            async for batch in chunks:
+                for chunk in batch:
+                    answer.absorb(chunk)
             await settle.finish()
             return Response(
                 orjson.dumps(answer.completion(call)),
@@ -179,7 +180,7 @@ class _Settle:
         svc: Services,
         principal: Principal,
         call: Call,
-        chunks: AsyncGenerator[dict[str, Any], None],
+        chunks: AsyncGenerator[list[dict[str, Any]], None],
     ) -> None:
         self._svc = svc
         self._principal = principal
@@ -223,41 +224,38 @@ def _background(closing: Coroutine[Any, Any, None]) -> None:
     task.add_done_callback(_closing.discard)
 
 
-async def _until_content(chunks: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The chunks up to the first with content (the router yields nothing before it)."""
-    opening: list[dict[str, Any]] = []
-    async for chunk in chunks:
-        opening.append(chunk)
-        break
-    return opening
+async def _until_content(
+    chunks: AsyncIterator[list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """The first batch: it holds the first content (the router yields nothing before it)."""
+    async for batch in chunks:
+        return batch
+    return []
 
 
 async def _sse(
     settle: _Settle,
     answer: _Answer,
-    opening: Sequence[dict[str, Any]],
-    chunks: AsyncIterator[dict[str, Any]],
+    opening: list[dict[str, Any]],
+    chunks: AsyncIterator[list[dict[str, Any]]],
     include_usage: bool,
 ) -> AsyncIterator[bytes]:
+    # One yield (one socket write) per upstream read: what arrived together leaves together.
     try:
-        yield answer.frame([{"index": 0, "delta": {"role": "assistant", "content": ""}}])
-        for chunk in opening:
-            frame = answer.relay(chunk)
-            if frame:
-                yield frame
+        yield answer.frame([{"index": 0, "delta": {"role": "assistant", "content": ""}}]) + (
+            answer.frames(opening)
+        )
         try:
-            async for chunk in chunks:
-                frame = answer.relay(chunk)
-                if frame:
-                    yield frame
+            async for batch in chunks:
+                frames = answer.frames(batch)
+                if frames:
+                    yield frames
         except BullpenError as err:
             # Content went out already: say so in-band, and never send [DONE].
             yield _error_frame(err)
             return
         await settle.finish()
-        if include_usage:
-            yield answer.usage_frame(settle.call)
-        yield _DONE
+        yield (answer.usage_frame(settle.call) if include_usage else b"") + _DONE
     finally:
         settle()
 
@@ -296,12 +294,9 @@ class _Answer:
         """One SSE frame carrying `choices`."""
         return self._head + orjson.dumps(choices) + b"}\n\n"
 
-    def relay(self, chunk: dict[str, Any]) -> bytes | None:
-        """The frame for an upstream chunk (its usage-only chunk is replaced by ours)."""
-        choices = chunk.get("choices")
-        if not choices:
-            return None
-        return self.frame(choices)
+    def frames(self, batch: list[dict[str, Any]]) -> bytes:
+        """The frames for upstream chunks (its usage-only chunk is replaced by ours)."""
+        return b"".join(self.frame(c["choices"]) for c in batch if c.get("choices"))
 
     def usage_frame(self, call: Call) -> bytes:
         """The trailing usage chunk OpenAI sends with `include_usage`."""

@@ -163,7 +163,7 @@ _ME_LINKS = {
 }
 
 
-def _service(svc: ServicesDep) -> UserService:
+async def _service(svc: ServicesDep) -> UserService:
     return UserService(svc.store, svc.clock, verify_password=svc.auth.verify_password)
 
 

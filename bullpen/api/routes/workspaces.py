@@ -105,7 +105,7 @@ _WORKSPACE_LINKS = {
 }
 
 
-def _service(svc: ServicesDep) -> WorkspaceService:
+async def _service(svc: ServicesDep) -> WorkspaceService:
     return WorkspaceService(svc.store, svc.clock)
 
 
