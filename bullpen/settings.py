@@ -29,6 +29,8 @@ class Settings(BaseSettings):
 
     # Limits (documented in README "Limits").
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    # The relay's bodies carry whole conversations.
+    relay_max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     page_size_max: int = Field(default=100, ge=1)
     sse_keepalive_s: float = Field(default=15.0, gt=0)
 

@@ -15,6 +15,7 @@ from bullpen import __version__
 from bullpen.api import openapi, problems
 from bullpen.api.deps import access_of
 from bullpen.api.limits import BodyLimit
+from bullpen.api.problems import RELAY_PREFIX
 from bullpen.api.routes import (
     agents,
     api_keys,
@@ -112,7 +113,11 @@ def create_app(settings: Settings) -> FastAPI:
     problems.install(app)
 
     app.add_middleware(SecurityHeaders)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.max_body_bytes,
+        prefixed=((RELAY_PREFIX, settings.relay_max_body_bytes),),
+    )
     app.include_router(system.router)
     for router in API_ROUTERS:
         _document_access(router)

@@ -15,22 +15,30 @@ class BodyTooLarge(Exception):
 class BodyLimit:
     """Answer 413 problem+json for bodies over `max_bytes` (by header, or while streaming)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, prefixed: tuple[tuple[str, int], ...] = ()
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.prefixed = prefixed  # (path prefix, its own limit), e.g. the relay's larger one
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.max_bytes
+        for prefix, own in self.prefixed:
+            if scope["path"].startswith(prefix):
+                limit = own
+                break
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
                     declared = -1
-                if declared < 0 or declared > self.max_bytes:
-                    await self._reject(send)
+                if declared < 0 or declared > limit:
+                    await self._reject(send, limit)
                     return
         received = 0
         exceeded = False
@@ -42,7 +50,7 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
+                if received > limit:
                     exceeded = True
                     raise BodyTooLarge
             return message
@@ -54,7 +62,7 @@ class BodyLimit:
                 return
             if exceeded and message["type"] == "http.response.start":
                 replaced = True
-                await self._reject(send)
+                await self._reject(send, limit)
                 return
             if message["type"] == "http.response.start":
                 started = True
@@ -64,15 +72,15 @@ class BodyLimit:
             await self.app(scope, limited_receive, guarded_send)
         except BodyTooLarge:
             if not replaced and not started:
-                await self._reject(send)
+                await self._reject(send, limit)
 
-    async def _reject(self, send: Send) -> None:
+    async def _reject(self, send: Send, limit: int) -> None:
         body = orjson.dumps(
             {
                 "type": PROBLEM_BASE + "payload-too-large",
                 "title": "Payload too large",
                 "status": 413,
-                "detail": f"The request body is over the limit of {self.max_bytes} bytes.",
+                "detail": f"The request body is over the limit of {limit} bytes.",
             }
         )
         await send(

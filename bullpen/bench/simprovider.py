@@ -14,7 +14,8 @@ tested over real sockets. A request's fault comes from, highest precedence first
 that whole name, while `/v1/models` lists only the plain names); the provider's `fault`, which
 starts as `SimConfig.fault` and may be changed while it runs. Faults apply to valid requests: a
 malformed body or an unknown base model is refused as usual, and a bad spec is a 400 with code
-`invalid_fault`. The spec grammar and what each fault does are in `bullpen.bench.simfaults`.
+`invalid_fault`. The spec grammar and what each fault does are in `bullpen.bench.simfaults`, and
+how a request body is read and checked is in `bullpen.bench.simrequest`.
 `SimulatedProvider.requests` counts every chat completion request by the model it named, faulted
 and refused ones included.
 """
@@ -50,10 +51,17 @@ from bullpen.bench.simfaults import (
     internal_error,
     parse_fault,
 )
+from bullpen.bench.simrequest import (
+    MAX_BODY_BYTES,
+    ApiError,
+    ChatRequest,
+    error_response,
+    parse_chat,
+    read_json,
+)
 
 __all__ = ["SimConfig", "SimulatedProvider", "build_app", "completion_tokens", "serve_forever"]
 
-_MAX_BODY_BYTES: Final = 1024 * 1024
 _MAX_RESPONSE_TOKENS: Final = 100_000
 _FINGERPRINT: Final = "fp_bullpen_sim"
 _OWNER: Final = "bullpen-simulator"
@@ -64,7 +72,6 @@ _SHUTDOWN_GRACE_S: Final = 1.0
 # aiohttp's default of 128 overflows when a benchmark opens thousands of streams at once, and
 # the dropped SYNs come back as whole seconds of retransmission delay in the measured TTFT.
 _LISTEN_BACKLOG: Final = 4096
-_ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _DONE_FRAME: Final = b"data: [DONE]\n\n"
 _CHAT_PATH: Final = "/v1/chat/completions"
 _FAULT_HEADER: Final = "X-Bullpen-Sim-Fault"
@@ -131,7 +138,7 @@ def completion_tokens(messages: Sequence[Mapping[str, Any]], n: int) -> list[str
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     # JSON of [role, content] pairs is unambiguous, so distinct conversations get distinct seeds.
-    transcript = orjson.dumps([[m["role"], m["content"]] for m in messages])
+    transcript = orjson.dumps([[m["role"], m.get("content")] for m in messages])
     seed = int.from_bytes(hashlib.blake2b(transcript, digest_size=16).digest(), "big")
     # Deterministic filler text, not a secret, so a seeded PRNG is exactly right.
     words = random.Random(seed).choices(_VOCABULARY, k=n)  # noqa: S311
@@ -140,36 +147,15 @@ def completion_tokens(messages: Sequence[Mapping[str, Any]], n: int) -> list[str
 
 def _prompt_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
     # An approximation of a real tokenizer: words plus OpenAI's per-message framing overhead.
-    return sum(len(m["content"].split()) + 3 for m in messages)
-
-
-class _ApiError(Exception):
-    """A request the simulator refuses, rendered in OpenAI's error format."""
-
-    def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-
-
-def _error_response(
-    status: int, message: str, *, param: str | None = None, code: str | None = None
-) -> web.Response:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+    return sum(len((m.get("content") or "").split()) + 3 for m in messages)
 
 
 @web.middleware
 async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except _ApiError as exc:
-        return _error_response(exc.status, exc.message, param=exc.param, code=exc.code)
+    except ApiError as exc:
+        return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -177,7 +163,7 @@ async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamRe
             message = f"Invalid URL ({request.method} {request.path})"
         else:
             message = exc.text or exc.reason
-        return _error_response(exc.status, message)
+        return error_response(exc.status, message)
 
 
 def _require_api_key(
@@ -196,170 +182,13 @@ def _require_api_key(
         else:
             return await handler(request)
         await on_refusal(request)
-        raise _ApiError(401, message, code="invalid_api_key")
+        raise ApiError(401, message, code="invalid_api_key")
 
     return require_api_key
 
 
 async def _label_simulated(request: web.Request, response: web.StreamResponse) -> None:
     response.headers["X-Bullpen-Simulated"] = "true"
-
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
-
-
-def _invalid_type(param: str, expected: str, value: object) -> _ApiError:
-    message = (
-        f"Invalid type for '{param}': expected {expected}, but got {_json_type(value)} instead."
-    )
-    return _ApiError(400, message, param=param, code="invalid_type")
-
-
-def _optional_bool(body: Mapping[str, Any], key: str, param: str) -> bool | None:
-    value = body.get(key)
-    if value is not None and not isinstance(value, bool):
-        raise _invalid_type(param, "a boolean", value)
-    return value
-
-
-def _optional_positive_int(body: Mapping[str, Any], key: str) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _invalid_type(key, "an integer", value)
-    if value < 1:
-        message = (
-            f"Invalid '{key}': integer below minimum value. "
-            f"Expected a value >= 1, but got {value} instead."
-        )
-        raise _ApiError(400, message, param=key, code="integer_below_min_value")
-    return value
-
-
-def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    messages = body.get("messages")
-    if messages is None:
-        raise _ApiError(
-            400,
-            "Missing required parameter: 'messages'.",
-            param="messages",
-            code="missing_required_parameter",
-        )
-    if not isinstance(messages, list):
-        raise _invalid_type("messages", "an array", messages)
-    if not messages:
-        raise _ApiError(
-            400,
-            "Invalid 'messages': empty array. Expected an array with minimum length 1.",
-            param="messages",
-            code="empty_array",
-        )
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise _invalid_type(f"messages[{i}]", "an object", message)
-        role = message.get("role")
-        if not isinstance(role, str):
-            raise _invalid_type(f"messages[{i}].role", "a string", role)
-        if role not in _ROLES:
-            raise _ApiError(
-                400,
-                f"Invalid value: '{role}'. Supported values are: {', '.join(sorted(_ROLES))}.",
-                param=f"messages[{i}].role",
-                code="invalid_value",
-            )
-        if not isinstance(message.get("content"), str):
-            raise _invalid_type(f"messages[{i}].content", "a string", message.get("content"))
-    return messages
-
-
-@dataclass(frozen=True, slots=True)
-class _ChatRequest:
-    """The fields of a chat completion request the simulator acts on."""
-
-    model: str
-    messages: list[dict[str, Any]]
-    stream: bool
-    include_usage: bool
-    max_tokens: int | None
-    model_fault: str | None  # the spec after the `@` of `<model>@<spec>`
-
-
-def _parse_chat(body: object, models: frozenset[str]) -> _ChatRequest:
-    if not isinstance(body, dict):
-        raise _ApiError(400, "The request body must be a JSON object.")
-    model = body.get("model")
-    if model is None:
-        raise _ApiError(
-            400,
-            "Missing required parameter: 'model'.",
-            param="model",
-            code="missing_required_parameter",
-        )
-    if not isinstance(model, str):
-        raise _invalid_type("model", "a string", model)
-    messages = _messages(body)
-    stream = bool(_optional_bool(body, "stream", "stream"))
-    include_usage = False
-    options = body.get("stream_options")
-    if options is not None:
-        if not isinstance(options, dict):
-            raise _invalid_type("stream_options", "an object", options)
-        if not stream:
-            raise _ApiError(
-                400,
-                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
-                param="stream_options",
-                code="invalid_value",
-            )
-        include_usage = bool(
-            _optional_bool(options, "include_usage", "stream_options.include_usage")
-        )
-    caps = [
-        cap
-        for cap in (
-            _optional_positive_int(body, "max_tokens"),
-            _optional_positive_int(body, "max_completion_tokens"),
-        )
-        if cap is not None
-    ]
-    model_fault = None
-    if model not in models:
-        base, at, model_fault = model.rpartition("@")
-        if not at or base not in models:
-            raise _ApiError(
-                404,
-                f"The model `{model}` does not exist or you do not have access to it.",
-                param="model",
-                code="model_not_found",
-            )
-    max_tokens = min(caps) if caps else None
-    return _ChatRequest(model, messages, stream, include_usage, max_tokens, model_fault)
-
-
-async def _read_json(request: web.Request) -> object:
-    length = request.content_length
-    if length is not None and length > _MAX_BODY_BYTES:
-        # Refuse before reading: aiohttp's own check (in read()) only trips after 1 MiB arrived.
-        raise web.HTTPRequestEntityTooLarge(max_size=_MAX_BODY_BYTES, actual_size=length)
-    raw = await request.read()
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise _ApiError(400, f"We could not parse the JSON body of your request: {exc}") from exc
 
 
 async def _sleep_until(deadline: float) -> None:
@@ -372,7 +201,7 @@ def _request_fault(spec: str, param: str | None) -> Fault:
     try:
         return parse_fault(spec)
     except ValueError as exc:
-        raise _ApiError(400, str(exc), param=param, code="invalid_fault") from exc
+        raise ApiError(400, str(exc), param=param, code="invalid_fault") from exc
 
 
 class _StreamFrames:
@@ -450,11 +279,11 @@ class _Simulator:
         """Count a request the API-key check turned away, if it was a chat completion."""
         if request.method == "POST" and request.path == _CHAT_PATH:
             body: object = None
-            with contextlib.suppress(_ApiError, web.HTTPException):
-                body = await _read_json(request)
+            with contextlib.suppress(ApiError, web.HTTPException):
+                body = await read_json(request)
             self._count(body)
 
-    def _fault_for(self, request: web.Request, chat: _ChatRequest) -> Fault:
+    def _fault_for(self, request: web.Request, chat: ChatRequest) -> Fault:
         # Later sources override earlier ones, but every spec given is checked.
         fault = self.fault
         if chat.model_fault is not None:
@@ -473,10 +302,10 @@ class _Simulator:
         started = asyncio.get_running_loop().time()
         body: object = None
         try:
-            body = await _read_json(request)
+            body = await read_json(request)
         finally:
             self._count(body)
-        chat = _parse_chat(body, self._models)
+        chat = parse_chat(body, self._models)
         fault = self._fault_for(request, chat)
         if fault.refusal is not None:
             return fault.refusal(request)
@@ -576,7 +405,7 @@ def _build_app(simulator: _Simulator) -> web.Application:
     middlewares: list[Middleware] = [_openai_errors]
     if simulator.config.api_key is not None:
         middlewares.append(_require_api_key(simulator.config.api_key, simulator.count_refusal))
-    app = web.Application(client_max_size=_MAX_BODY_BYTES, middlewares=middlewares)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
     app.router.add_post(_CHAT_PATH, simulator.chat_completions)
     app.router.add_get("/v1/models", simulator.list_models)
     app.on_response_prepare.append(_label_simulated)

@@ -25,6 +25,8 @@ PROTECTED_IDS_ENV = "BULLPEN_FUZZ_PROTECTED_IDS"
 DOOMED_WORKSPACE_ENV = "BULLPEN_FUZZ_DOOMED_WORKSPACE"
 DOOMED_KEY_ENV = "BULLPEN_FUZZ_DOOMED_KEY"
 FUZZ_KEY_ENV = "BULLPEN_FUZZ_KEY"
+# The workspace the fuzzer's key acts in.
+OWN_WORKSPACE_ENV = "BULLPEN_FUZZ_OWN_WORKSPACE"
 # Stands in for a protected id: well-formed, and no row has it, so the answer is a plain 404.
 UNKNOWN_ID = "00000000-0000-4000-8000-000000000000"
 MUTATING = frozenset({"DELETE", "PATCH", "PUT"})
@@ -38,6 +40,10 @@ DIGEST_CHARS = 16
 # Failure code of `positive_data_acceptance` ("Schema-valid request rejected").
 REJECTED_POSITIVE_DATA = "ST202"
 DROPPED_LOG = "dropped-failures.jsonl"
+# The provider the test seeded, and the schema's patterns of a route link's two fields.
+SEEDED_LINK = {"provider": "fuzz-sim", "model": "sim-1"}
+LINK_PROVIDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+LINK_MODEL = re.compile(r"[^\x00-\x20\x7f]([^\x00-\x1f\x7f]{0,198}[^\x00-\x20\x7f])?")
 # API keys expire in the future and at most this far ahead (a rule relative to now).
 MAX_KEY_LIFETIME = timedelta(days=366)
 
@@ -74,6 +80,9 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
       `next_cursor` (README, Limits: "must be one the API issued").
     - `expires_at` (body) of an API key, when the sent value really is outside (now, now + 366
       days]: a window relative to the current time, which JSON Schema cannot express.
+    - `models` (body) of a provider, when two entries really share a `name`: uniqueness of one
+      property of array items, which JSON Schema cannot express (`uniqueItems` compares whole
+      items).
 
     So a 422 for any other field, or for a cursor mixed with another field, still fails the run.
     Each dropped failure is logged to `DROPPED_LOG` in the working directory (the test's tmp dir).
@@ -105,7 +114,17 @@ def _excused(error: Any, case: Any) -> bool:
         return "cursor" in (case.query or {})
     if where == ("body", "expires_at"):
         return _outside_key_lifetime(case.body)
+    if where == ("body", "models"):
+        return _repeated_model_names(case.body)
     return False
+
+
+def _repeated_model_names(body: Any) -> bool:
+    models = body.get("models") if isinstance(body, dict) else None
+    if not isinstance(models, list):
+        return False
+    names = [m.get("name") for m in models if isinstance(m, dict)]
+    return len(names) != len(set(names))
 
 
 def _outside_key_lifetime(body: Any) -> bool:
@@ -130,6 +149,8 @@ def before_call(context: Any, case: Any, kwargs: Any) -> None:
     _spare_seeded_tenant(case)
     _doomed_workspace_key(case)
     _unique_idempotency_key(case)
+    _seeded_route_links(case)
+    _own_workspace(case)
 
 
 def _spare_seeded_tenant(case: Any) -> None:
@@ -188,3 +209,56 @@ def _unique_idempotency_key(case: Any) -> None:
     )
     digest = hashlib.sha256(request.encode()).hexdigest()[:DIGEST_CHARS]
     headers[name] = f"{headers[name][: 255 - DIGEST_CHARS - 1]}-{digest}"
+
+
+def _seeded_route_links(case: Any) -> None:
+    """Point every schema-valid link of half the generated route chains at the seeded provider.
+
+    A link must name an existing provider and one of its models (else 404), which the fuzzer
+    cannot guess; without this nearly every route creation is that 404. Which half is decided
+    by a digest of the body, so a replayed request is rewritten the same way. Links that break
+    the schema are left alone: rewriting them would turn a negative case into a valid one.
+    """
+    if not case.operation.path.startswith("/api/v1/model-routes"):
+        return
+    body = case.body
+    chain = body.get("chain") if isinstance(body, dict) else None
+    if not isinstance(chain, list):
+        return
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).digest()
+    if digest[0] % 2:
+        return
+    for i, link in enumerate(chain):
+        if _valid_link(link):
+            chain[i] = dict(SEEDED_LINK)
+
+
+def _valid_link(link: Any) -> bool:
+    if not isinstance(link, dict) or set(link) != {"provider", "model"}:
+        return False
+    provider, model = link["provider"], link["model"]
+    return (
+        isinstance(provider, str)
+        and isinstance(model, str)
+        and LINK_PROVIDER.fullmatch(provider) is not None
+        and LINK_MODEL.fullmatch(model) is not None
+    )
+
+
+def _own_workspace(case: Any) -> None:
+    """Send half of the reads and renames of other workspaces to the fuzzer's own instead.
+
+    A key acts in its own workspace only, so a workspace the fuzzer creates (the stateful
+    phase follows `POST /workspaces` with a read or rename of the new id) is always a 404 to
+    it. Which half is decided by a digest of the id, so a replay is rewritten the same way; the
+    other half still checks that another workspace is a 404.
+    """
+    own = os.environ.get(OWN_WORKSPACE_ENV)
+    if not own or case.method.upper() not in ("GET", "PATCH"):
+        return
+    params = case.path_parameters or {}
+    value = params.get("workspace_id")
+    if not isinstance(value, str) or value in (own, os.environ.get(DOOMED_WORKSPACE_ENV)):
+        return
+    if hashlib.sha256(value.encode()).digest()[0] % 2 == 0:
+        params["workspace_id"] = own

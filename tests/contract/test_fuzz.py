@@ -93,6 +93,9 @@ class Tenant:
     doomed_workspace_id: str
     doomed_key: str
     protected_ids: list[str]
+    provider_id: str
+    route_id: str
+    workspace_id: str
 
 
 async def _seed(server: RunningServer) -> Tenant:
@@ -110,6 +113,20 @@ async def _seed(server: RunningServer) -> Tenant:
                 assert resp.status == 409, await resp.text()
         else:
             pytest.fail("could not cancel a task before its run ended")
+        # A provider (the built-in simulator's endpoint under another name) and a route on it.
+        assert server.services.simulator is not None
+        provider = {
+            "name": "fuzz-sim",
+            "base_url": server.services.simulator.base_url,
+            "models": [{"name": "sim-1"}],
+        }
+        async with http.post(f"{server.base_url}/api/v1/providers", json=provider) as resp:
+            assert resp.status == 201, await resp.text()
+            provider_id = (await resp.json())["id"]
+        route = {"name": "fuzz-route", "chain": [{"provider": "fuzz-sim", "model": "sim-1"}]}
+        async with http.post(f"{server.base_url}/api/v1/model-routes", json=route) as resp:
+            assert resp.status == 201, await resp.text()
+            route_id = (await resp.json())["id"]
     svc = server.services
     async with svc.store.write() as conn:
         doomed = await identity.create_workspace(
@@ -137,6 +154,9 @@ async def _seed(server: RunningServer) -> Tenant:
         doomed_workspace_id=str(doomed),
         doomed_key=doomed_key,
         protected_ids=[i for i in ids if i != str(doomed)],
+        provider_id=provider_id,
+        route_id=route_id,
+        workspace_id=str(server.boot.workspace_id),
     )
 
 
@@ -185,12 +205,30 @@ values = ["{tenant.run_id}"]
 [dictionaries.doomed_workspace]
 values = ["{tenant.doomed_workspace_id}"]
 
+[dictionaries.seeded_provider]
+values = ["{tenant.provider_id}"]
+
+[dictionaries.seeded_route]
+values = ["{tenant.route_id}"]
+
+[dictionaries.own_workspace]
+values = ["{tenant.workspace_id}"]
+
+[dictionaries.seeded_model]
+values = ["fuzz-route"]
+
 [parameters]
 # The seeded agent: without it nearly every valid task creation is a 404 (no such agent).
 "body.agent_id" = "${{BULLPEN_FUZZ_AGENT}}"
 # Half of the valid cases name the seeded (cancelled) task and its run, the rest random ids.
 "path.task_id" = {{ dictionary = "seeded_task", probability = 0.5 }}
 "path.run_id" = {{ dictionary = "seeded_run", probability = 0.5 }}
+"path.provider_id" = {{ dictionary = "seeded_provider", probability = 0.5 }}
+"path.route_id" = {{ dictionary = "seeded_route", probability = 0.5 }}
+# The fuzzer's own workspace (renaming it harms nothing; DELETE gets the doomed one, below).
+"path.workspace_id" = {{ dictionary = "own_workspace", probability = 0.5 }}
+# The relay's `model`: half the time the seeded route, else whatever was generated (a 404).
+"body.model" = {{ dictionary = "seeded_model", probability = 0.5 }}
 
 # A workspace can only be deleted with a key of its own: the hooks send the doomed workspace's
 # key with these requests.
@@ -228,6 +266,7 @@ async def _schemathesis(server: RunningServer, workdir: Path) -> tuple[int, str,
         "BULLPEN_FUZZ_AGENT": tenant.agent_id,
         "BULLPEN_FUZZ_PROTECTED_IDS": ",".join(tenant.protected_ids),
         "BULLPEN_FUZZ_DOOMED_WORKSPACE": tenant.doomed_workspace_id,
+        "BULLPEN_FUZZ_OWN_WORKSPACE": tenant.workspace_id,
         "BULLPEN_FUZZ_DOOMED_KEY": tenant.doomed_key,
         "HYPOTHESIS_STORAGE_DIRECTORY": str(workdir / ".hypothesis"),
         "NO_COLOR": "1",

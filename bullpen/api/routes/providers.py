@@ -36,7 +36,8 @@ _WORD = r"^[^\x00-\x20\x7f]([^\x00-\x1f\x7f]*[^\x00-\x20\x7f])?$"
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=_NAME)]
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=_WORD)]
-PricePerMTok = Annotated[float, Field(ge=0, le=PRICE_MAX, allow_inf_nan=False)]
+PricePerMTok = Annotated[float, Field(ge=0, le=PRICE_MAX, allow_inf_nan=False, strict=True)]
+Seconds = Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False, strict=True)]
 
 
 def _base_url(value: str) -> str:
@@ -54,9 +55,15 @@ def _base_url(value: str) -> str:
     return value.rstrip("/")
 
 
+# 0-65535, so every URL the pattern allows has a valid port.
+_PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4})"
 BaseUrl = Annotated[
     str,
-    StringConstraints(min_length=8, max_length=2000, pattern=r"^[^\x00-\x20\x7f]+$"),
+    StringConstraints(
+        min_length=8,
+        max_length=2000,
+        pattern=r"^https?://[A-Za-z0-9.-]+(:" + _PORT + r")?(/[^\s?#]*)?$",
+    ),
     AfterValidator(_base_url),
 ]
 ApiKey = Annotated[
@@ -88,17 +95,10 @@ class ModelPrice(Strict):
 class TimeoutsIn(Strict):
     """Limits for calls to this provider, in seconds; omitted ones take the server defaults."""
 
-    connect_s: float = optional("Connecting (TCP and TLS).")
-    ttft_s: float = optional("From sending the request to the first content token.")
-    idle_s: float = optional("Between two chunks of a stream.")
-    deadline_s: float = optional("The whole attempt.")
-
-    @field_validator("connect_s", "ttft_s", "idle_s", "deadline_s")
-    @classmethod
-    def _range(cls, value: float) -> float:
-        if not 0 < value <= 86_400:
-            raise ValueError("must be more than 0 and at most 86400 seconds")
-        return value
+    connect_s: Seconds = optional("Connecting (TCP and TLS).")
+    ttft_s: Seconds = optional("From sending the request to the first content token.")
+    idle_s: Seconds = optional("Between two chunks of a stream.")
+    deadline_s: Seconds = optional("The whole attempt.")
 
 
 class ProviderCreate(Strict):
@@ -230,6 +230,7 @@ class RouteLink(Strict):
     model: ModelName
 
 
+# A link may repeat: the same provider and model tried again further down the chain.
 Chain = Annotated[list[RouteLink], Field(min_length=1, max_length=MAX_CHAIN)]
 
 
@@ -333,7 +334,11 @@ async def list_providers(principal: Reader, config: Config) -> ProviderList:
         **docs.created(
             ProviderPublic,
             "The provider",
-            {"GetProvider": docs.link("getProvider", provider_id="$response.body#/id")},
+            {
+                "GetProvider": docs.link("getProvider", provider_id="$response.body#/id"),
+                "UpdateProvider": docs.link("updateProvider", provider_id="$response.body#/id"),
+                "DeleteProvider": docs.link("deleteProvider", provider_id="$response.body#/id"),
+            },
         ),
         **docs.problems(400, 401, 403, 409, 413, 415, 422, 429, 503),
     },
@@ -431,9 +436,13 @@ async def list_routes(principal: Reader, config: Config) -> RouteList:
         **docs.created(
             RoutePublic,
             "The model route",
-            {"GetModelRoute": docs.link("getModelRoute", route_id="$response.body#/id")},
+            {
+                "GetModelRoute": docs.link("getModelRoute", route_id="$response.body#/id"),
+                "UpdateModelRoute": docs.link("updateModelRoute", route_id="$response.body#/id"),
+                "DeleteModelRoute": docs.link("deleteModelRoute", route_id="$response.body#/id"),
+            },
         ),
-        **docs.problems(400, 401, 403, 409, 413, 415, 422, 429, 503),
+        **docs.problems(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
     },
     summary="Add a model route",
 )
@@ -441,7 +450,7 @@ async def create_route(
     body: RouteCreate, principal: Writer, config: Config, idem: Idempotent
 ) -> Response:
     """Add a route; every link must name a provider of the workspace (or a built-in one) and,
-    if that provider lists models, one of them."""
+    if that provider lists models, one of them (404 otherwise)."""
     async with idem.begin(principal) as tx:
         if tx.replayed is not None:
             return tx.replayed

@@ -21,10 +21,11 @@ from typing import Annotated, Any, Literal
 import orjson
 from fastapi import APIRouter, Depends, Response
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
 from bullpen.api import docs
 from bullpen.api.deps import ServicesDep, require, require_json
+from bullpen.api.schemas import integral
 from bullpen.app import Services
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
@@ -33,16 +34,60 @@ from bullpen.gateway.router import Call
 
 MAX_MESSAGES = 2000
 MAX_OUTPUT_TOKENS = 1_000_000
+# Constraints before the validator, so OpenAPI shows them as `minimum`/`maximum`.
+OutputTokens = Annotated[
+    int, Field(ge=1, le=MAX_OUTPUT_TOKENS, strict=True), BeforeValidator(integral)
+]
 _DONE = b"data: [DONE]\n\n"
 
 
-class ChatMessage(BaseModel):
-    """One message; fields besides `role` and `content` (tool calls, names) pass through."""
+class _Message(BaseModel):
+    """Fields besides `role` and `content` (names, tool calls) pass through to the provider."""
 
     model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[dict[str, Any]] | None = None
+
+class SystemMessage(_Message):
+    """Instructions."""
+
+    role: Literal["system"]
+    content: str
+
+
+class DeveloperMessage(_Message):
+    """Instructions (OpenAI's newer name for `system`)."""
+
+    role: Literal["developer"]
+    content: str
+
+
+class UserMessage(_Message):
+    """The user's turn. Content parts (images, audio) are not supported: text only."""
+
+    role: Literal["user"]
+    content: str
+
+
+class AssistantMessage(_Message):
+    """An earlier answer: text, or tool calls with no text."""
+
+    role: Literal["assistant"]
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class ToolMessage(_Message):
+    """A tool's result for one of the assistant's tool calls."""
+
+    role: Literal["tool"]
+    content: str
+    tool_call_id: str = Field(min_length=1, max_length=200)
+
+
+ChatMessage = Annotated[
+    SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage,
+    Field(discriminator="role"),
+]
 
 
 class StreamOptions(BaseModel):
@@ -69,8 +114,8 @@ class ChatRequest(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] | None = Field(default=None, description="Only one choice is supported.")
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_OUTPUT_TOKENS, strict=True)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_OUTPUT_TOKENS, strict=True)
+    max_tokens: OutputTokens | None = None
+    max_completion_tokens: OutputTokens | None = None
 
     def upstream(self) -> dict[str, Any]:
         """The body for the provider, without `model` and streaming (the gateway sets those)."""

@@ -1,0 +1,159 @@
+"""The `bullpen bench` scenarios besides the reference one: create, queue and relay.
+
+`bullpen.cli` parses and checks the options and calls one of these; each imports its benchmark
+module only when it runs, so the rest of the CLI starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+
+import typer
+import uvloop
+from rich.console import Console
+
+__all__ = ["bench_create", "bench_queue", "bench_relay"]
+
+console = Console(stderr=True)
+
+
+def bench_create(
+    backend: str,
+    *,
+    pg_url: str,
+    baseline_ref: str | None,
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    rounds: int,
+    as_json: bool,
+) -> None:
+    """`bullpen bench --scenario create`: closed-loop creates, optionally against a baseline."""
+    import math
+
+    from bullpen.bench.createload import CreateRound, render_create_table, run_create_bench
+
+    if concurrency < 1 or rounds < 1:
+        raise typer.BadParameter("--concurrency and --rounds must be >= 1")
+    if not (math.isfinite(duration) and duration > 0 and math.isfinite(warmup) and warmup >= 0):
+        raise typer.BadParameter("--duration must be > 0 and --warmup >= 0")
+    if baseline_ref is not None and (not baseline_ref or baseline_ref.startswith("-")):
+        raise typer.BadParameter("--baseline-ref must name a git revision")
+
+    def progress(r: CreateRound) -> None:
+        if not as_json:
+            console.print(
+                f"round {r.index}/{rounds} {r.server}: {r.created_per_s or 0:.0f} creates/s, "
+                f"p99 {r.latency_ms.p99 or 0:.1f} ms, errors {r.errors_total}",
+                highlight=False,
+            )
+
+    comparison = uvloop.run(
+        run_create_bench(
+            backend,  # type: ignore[arg-type]
+            baseline_ref=baseline_ref,
+            pg_admin_url=pg_url,
+            concurrency=concurrency,
+            duration_s=duration,
+            warmup_s=warmup,
+            rounds=rounds,
+            on_round=progress,
+        )
+    )
+    if as_json:
+        print(json.dumps(comparison.as_dict()), flush=True)
+    else:
+        Console(width=max(Console().width, 110)).print(render_create_table(comparison))
+
+
+def bench_queue(
+    backend: str, *, pg_url: str, runs: int, workers: str, samples: int, as_json: bool
+) -> None:
+    """`bullpen bench --scenario queue`: the run queue with real worker processes."""
+    from bullpen.bench.runqueue import queue_report_json, queue_report_lines, run_queue_bench
+
+    try:
+        counts = [int(part) for part in workers.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter("--workers must be a comma-separated list of counts") from None
+    if not counts or min(counts) < 1 or runs < 1 or samples < 1:
+        raise typer.BadParameter("--workers counts, --runs and --samples must be >= 1")
+    if backend == "sqlite" and counts != [1]:
+        if workers != "1,2,4":
+            raise typer.BadParameter("SQLite has one worker process (one writer): --workers 1")
+        counts = [1]
+
+    def step(line: str) -> None:
+        if not as_json:
+            console.print(line, highlight=False)
+
+    report = uvloop.run(
+        run_queue_bench(
+            backend,  # type: ignore[arg-type]
+            runs_total=runs,
+            worker_counts=counts,
+            samples=samples,
+            pg_admin_url=pg_url,
+            on_step=step,
+        )
+    )
+    if as_json:
+        print(json.dumps(queue_report_json(report, backend)), flush=True)  # type: ignore[arg-type]
+    else:
+        for line in queue_report_lines(report, backend):  # type: ignore[arg-type]
+            print(line, flush=True)
+
+
+def bench_relay(
+    backend: str,
+    *,
+    pg_url: str,
+    streams: str,
+    duration: float,
+    warmup: float,
+    rounds: int,
+    as_json: bool,
+) -> None:
+    """`bullpen bench --scenario relay`: the relay's added latency, direct and relayed rounds."""
+    import math
+
+    from bullpen.bench.relaybench import run_relay_bench
+
+    try:
+        levels = [int(part) for part in streams.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter("--streams must be a comma-separated list of counts") from None
+    if not levels or min(levels) < 1 or rounds < 1:
+        raise typer.BadParameter("--streams counts and --rounds must be >= 1")
+    if not (math.isfinite(duration) and duration > 0 and math.isfinite(warmup) and warmup >= 0):
+        raise typer.BadParameter("--duration must be > 0 and --warmup >= 0")
+
+    def step(line: str) -> None:
+        if not as_json:
+            console.print(line, highlight=False)
+
+    measured = uvloop.run(
+        run_relay_bench(
+            backend,  # type: ignore[arg-type]
+            pg_admin_url=pg_url,
+            concurrencies=levels,
+            rounds=rounds,
+            duration_s=duration,
+            warmup_s=warmup,
+            on_step=step,
+        )
+    )
+    summaries = [level.summary() for level in measured]
+    if as_json:
+        print(json.dumps({"backend": backend, "levels": summaries}), flush=True)
+        return
+    for level in summaries:
+        print(
+            f"{level['concurrency']} streams: added ttft p50 {level['ttft_p50_added_ms']} ms, "
+            f"p99 {level['ttft_p99_added_ms']} ms; added total p50 "
+            f"{level['total_p50_added_ms']} ms, p99 {level['total_p99_added_ms']} ms "
+            f"(direct ttft p50/p99 {level['ttft_p50_direct_ms']}/{level['ttft_p99_direct_ms']}"
+            f" ms; {level['requests_relay']} relayed, {level['errors']} errors; server CPU "
+            f"{level['server_cpu_ms_per_relay_request']} ms a relayed stream)",
+            flush=True,
+        )
