@@ -7,6 +7,8 @@ module only when it runs, so the rest of the CLI starts fast.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 
 import typer
 import uvloop
@@ -15,6 +17,32 @@ from rich.console import Console
 __all__ = ["bench_create", "bench_queue", "bench_relay"]
 
 console = Console(stderr=True)
+
+
+def _counts(value: str, option: str) -> list[int]:
+    """A comma-separated list of counts, each at least 1."""
+    try:
+        counts = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{option} must be a comma-separated list of counts") from None
+    if not counts or min(counts) < 1:
+        raise typer.BadParameter(f"{option} counts must be >= 1")
+    return counts
+
+
+def _check_window(duration: float, warmup: float) -> None:
+    if not (math.isfinite(duration) and duration > 0 and math.isfinite(warmup) and warmup >= 0):
+        raise typer.BadParameter("--duration must be > 0 and --warmup >= 0")
+
+
+def _stepper(as_json: bool) -> Callable[[str], None]:
+    """Progress lines on stderr, unless the output is JSON."""
+
+    def step(line: str) -> None:
+        if not as_json:
+            console.print(line, highlight=False)
+
+    return step
 
 
 def bench_create(
@@ -29,14 +57,11 @@ def bench_create(
     as_json: bool,
 ) -> None:
     """`bullpen bench --scenario create`: closed-loop creates, optionally against a baseline."""
-    import math
-
     from bullpen.bench.createload import CreateRound, render_create_table, run_create_bench
 
     if concurrency < 1 or rounds < 1:
         raise typer.BadParameter("--concurrency and --rounds must be >= 1")
-    if not (math.isfinite(duration) and duration > 0 and math.isfinite(warmup) and warmup >= 0):
-        raise typer.BadParameter("--duration must be > 0 and --warmup >= 0")
+    _check_window(duration, warmup)
     if baseline_ref is not None and (not baseline_ref or baseline_ref.startswith("-")):
         raise typer.BadParameter("--baseline-ref must name a git revision")
 
@@ -72,20 +97,13 @@ def bench_queue(
     """`bullpen bench --scenario queue`: the run queue with real worker processes."""
     from bullpen.bench.runqueue import queue_report_json, queue_report_lines, run_queue_bench
 
-    try:
-        counts = [int(part) for part in workers.split(",") if part.strip()]
-    except ValueError:
-        raise typer.BadParameter("--workers must be a comma-separated list of counts") from None
-    if not counts or min(counts) < 1 or runs < 1 or samples < 1:
-        raise typer.BadParameter("--workers counts, --runs and --samples must be >= 1")
+    counts = _counts(workers, "--workers")
+    if runs < 1 or samples < 1:
+        raise typer.BadParameter("--runs and --samples must be >= 1")
     if backend == "sqlite" and counts != [1]:
         if workers != "1,2,4":
             raise typer.BadParameter("SQLite has one worker process (one writer): --workers 1")
         counts = [1]
-
-    def step(line: str) -> None:
-        if not as_json:
-            console.print(line, highlight=False)
 
     report = uvloop.run(
         run_queue_bench(
@@ -94,7 +112,7 @@ def bench_queue(
             worker_counts=counts,
             samples=samples,
             pg_admin_url=pg_url,
-            on_step=step,
+            on_step=_stepper(as_json),
         )
     )
     if as_json:
@@ -115,22 +133,12 @@ def bench_relay(
     as_json: bool,
 ) -> None:
     """`bullpen bench --scenario relay`: the relay's added latency, direct and relayed rounds."""
-    import math
-
     from bullpen.bench.relaybench import run_relay_bench
 
-    try:
-        levels = [int(part) for part in streams.split(",") if part.strip()]
-    except ValueError:
-        raise typer.BadParameter("--streams must be a comma-separated list of counts") from None
-    if not levels or min(levels) < 1 or rounds < 1:
-        raise typer.BadParameter("--streams counts and --rounds must be >= 1")
-    if not (math.isfinite(duration) and duration > 0 and math.isfinite(warmup) and warmup >= 0):
-        raise typer.BadParameter("--duration must be > 0 and --warmup >= 0")
-
-    def step(line: str) -> None:
-        if not as_json:
-            console.print(line, highlight=False)
+    levels = _counts(streams, "--streams")
+    if rounds < 1:
+        raise typer.BadParameter("--rounds must be >= 1")
+    _check_window(duration, warmup)
 
     measured = uvloop.run(
         run_relay_bench(
@@ -140,7 +148,7 @@ def bench_relay(
             rounds=rounds,
             duration_s=duration,
             warmup_s=warmup,
-            on_step=step,
+            on_step=_stepper(as_json),
         )
     )
     summaries = [level.summary() for level in measured]

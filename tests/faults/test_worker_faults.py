@@ -256,7 +256,10 @@ async def test_a_noisy_neighbour_does_not_stretch_another_workspaces_wait(
         f"B's median wait {crowded:.3f} s crowded, {alone:.3f} s alone; a run {got['run_s']:.3f} s"
     )
     assert got["a_backlog_after"] > 50, "A's flood never exceeded what the worker could run"
-    assert got["a_submitted"] > 400
+    # A's submitter sleeps 1/rate after each insert, so on a loaded machine it reaches about
+    # half its nominal 800 in 5 s (371 once in a full suite run); the backlog above is what
+    # shows the flood outran the worker.
+    assert got["a_submitted"] > 300
     assert crowded <= 1.5 * alone + 0.002, figures
 
 
