@@ -442,8 +442,8 @@ class UsageLedger:
     def __init__(self, store: Store, *, max_batch: int = 500) -> None:
         self._store = store
         self._max_batch = max_batch
-        self._pending: list[dict[str, Any]] = []
-        self._waiting: list[asyncio.Future[None]] = []
+        # Each row with the future its caller waits on (None once that caller was answered).
+        self._pending: list[tuple[dict[str, Any], asyncio.Future[None] | None]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.written = 0
@@ -464,8 +464,7 @@ class UsageLedger:
     def record(self, row: dict[str, Any]) -> asyncio.Future[None]:
         """Queue one row (every `cost_events` column but `id`); the future says it committed."""
         future = asyncio.get_running_loop().create_future()
-        self._pending.append(row)
-        self._waiting.append(future)
+        self._pending.append((row, future))
         self._wake.set()
         return future
 
@@ -473,29 +472,32 @@ class UsageLedger:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            await self._flush()
-            if self._pending:
+            if not await self._flush():
                 await asyncio.sleep(1.0)  # the database was away: try again shortly
                 self._wake.set()
 
-    async def _flush(self) -> None:
-        rows, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
-        waiting, self._waiting = self._waiting[: len(rows)], self._waiting[len(rows) :]
+    async def _flush(self) -> bool:
+        """Commit one batch; False when the database was away (the rows are kept)."""
+        batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
+        rows = [row for row, _ in batch]
         if self._pending:
             self._wake.set()
         if not rows:
-            return
+            return True
+        committed = True
         try:
             async with self._store.write() as conn:
                 await gateway_store.record_costs(conn, rows)
             self.written += len(rows)
         except BullpenError as err:  # the database is away: keep the rows for the next try
             log.warning("could not record %d usage rows yet: %s", len(rows), err.detail)
-            self._pending[:0] = rows
+            committed = False
+            self._pending[:0] = [(row, None) for row in rows]
             if len(self._pending) > _MAX_PENDING:
                 lost = len(self._pending) - _MAX_PENDING
                 del self._pending[:lost]
                 log.error("dropped %d usage rows: the database was away too long", lost)
-        for future in waiting:
-            if not future.done():
+        for _, future in batch:
+            if future is not None and not future.done():
                 future.set_result(None)
+        return committed
