@@ -129,6 +129,7 @@ class Router:
             while True:
                 attempt = Attempt(provider.name, target.model, "failed")
                 call.attempts.append(attempt)
+                attempt_started = loop.time()
                 try:
                     async for batch in self._attempt(target, request, call, attempt, started):
                         yield batch
@@ -162,7 +163,9 @@ class Router:
                         continue
                     self._metrics.fell_back(provider.name, err.reason)
                     break
-                except asyncio.CancelledError:
+                except (asyncio.CancelledError, GeneratorExit):
+                    # The caller went away (a cancelled run, a closed stream): no verdict on
+                    # the provider, and a probe in flight must not keep its breaker shut.
                     attempt.outcome, attempt.reason = "cancelled", "cancelled"
                     breaker.abandoned()
                     raise
@@ -172,7 +175,7 @@ class Router:
                     self._metrics.outcome(provider.name, "ok")
                     return
                 finally:
-                    attempt.duration_ms = (loop.time() - started) * 1000
+                    attempt.duration_ms = (loop.time() - attempt_started) * 1000
         tried = [a for a in call.attempts if a.outcome != "skipped"]
         if last is None:
             raise ProviderUnavailable(

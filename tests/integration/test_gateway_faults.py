@@ -268,3 +268,14 @@ def open_connections(sim: SimulatedProvider) -> int:
     runner = sim._runner
     assert runner is not None and runner.server is not None
     return len(runner.server.connections)
+
+
+async def test_a_probe_whose_caller_goes_away_does_not_keep_the_breaker_shut(rig: Rig) -> None:
+    for _ in range(3):
+        await run(rig, rig.chain("503"))
+    await asyncio.sleep(0.5)  # cooled down: the next call is the probe
+    probe = rig.router.stream(rig.chain("slow:5"), {"messages": MESSAGES}, Call())
+    await anext(probe)  # the probe is streaming
+    await probe.aclose()  # and its caller leaves (a relay client hanging up)
+    call, _pieces, error = await run(rig, rig.chain())
+    assert error is None and outcomes(call) == [("primary", "ok", None)]
