@@ -260,7 +260,10 @@ async def test_a_noisy_neighbour_does_not_stretch_another_workspaces_wait(
     # half its nominal 800 in 5 s (371 once in a full suite run); the backlog above is what
     # shows the flood outran the worker.
     assert got["a_submitted"] > 300
-    assert crowded <= 1.5 * alone + 0.002, figures
+    # TEST-PLAN LO-2's provisional 1.5x, tuned: alone B waits ~4 ms, crowded 3.7-4 ms on an idle
+    # machine but up to 20 ms under the full suite's load on 2 cores (CI). FIFO claims gave
+    # 1.35 s; the 50 ms floor still fails that by 27x.
+    assert crowded <= max(1.5 * alone + 0.002, 0.050), figures
 
 
 def _postgres(action: str) -> None:
