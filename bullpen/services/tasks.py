@@ -145,9 +145,11 @@ class TaskService:
         async with self._store.write() as conn:
             before = await self._task(conn, principal, task_id)
             if changes:
-                await task_store.update_task(conn, principal.workspace_id, task_id, changes, now)
+                # The run before the task, the order a run's end takes them in: the other way
+                # round the two transactions can deadlock.
                 if "priority" in changes:  # a queued run is claimed by its task's priority
                     await run_store.reprioritise_queued(conn, task_id, changes["priority"])
+                await task_store.update_task(conn, principal.workspace_id, task_id, changes, now)
                 await audit.record_by(
                     conn,
                     principal,
