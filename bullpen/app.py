@@ -109,7 +109,6 @@ async def build(
                     base_url=sim_url,
                     timeouts=defaults,
                     prices={SIMULATED_MODEL: Price()},  # simulated tokens cost nothing
-                    builtin=True,
                 )
             )
         bus = MemoryBus()

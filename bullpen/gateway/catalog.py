@@ -49,7 +49,6 @@ class Provider:
     timeouts: Timeouts
     prices: Mapping[str, Price] = field(default_factory=dict)
     api_key: str | None = field(default=None, repr=False)
-    builtin: bool = False
 
     def price(self, model: str) -> Price:
         """The model's price; a model without one costs nothing."""

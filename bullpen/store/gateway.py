@@ -190,22 +190,3 @@ async def record_costs(conn: Connection, rows: Sequence[dict[str, Any]]) -> None
     """Append ledger rows (each a dict of every `cost_events` column but `id`)."""
     if rows:
         await conn.execute(_RECORD_COST, [{"id": uuid.uuid4(), **row} for row in rows])
-
-
-async def cost_summary(conn: Connection, workspace_id: UUID) -> list[Any]:
-    """Spend and tokens per provider and model, for the workspace."""
-    c = cost_events.c
-    result = await conn.execute(
-        sa.select(
-            c.provider,
-            c.model,
-            sa.func.count().label("calls"),
-            sa.func.sum(c.input_tokens).label("input_tokens"),
-            sa.func.sum(c.output_tokens).label("output_tokens"),
-            sa.func.sum(c.cost_usd).label("cost_usd"),
-        )
-        .where(c.workspace_id == workspace_id)
-        .group_by(c.provider, c.model)
-        .order_by(c.provider, c.model)
-    )
-    return list(result)
