@@ -133,23 +133,28 @@ class GatewayClient:
             if opening:
                 yield opening
             parser.raise_pending()
-            while not parser.ended:
-                try:
-                    async with asyncio.timeout(limits.idle_s):
+            idle = _IdleWatch(loop, limits.idle_s, response.content)
+            try:
+                while not parser.ended:
+                    idle.waiting_since = loop.time()
+                    try:
                         data = await response.content.readany()
-                except TimeoutError:
-                    raise failure(
-                        ProviderTimeout,
-                        "idle-timeout",
-                        f"provider {provider.name!r} sent nothing for {limits.idle_s:g} s "
-                        "between chunks",
-                    ) from None
-                if not data:
-                    break
-                batch = parser.feed(data)
-                if batch:
-                    yield batch
-                parser.raise_pending()
+                    except _Idle:
+                        raise failure(
+                            ProviderTimeout,
+                            "idle-timeout",
+                            f"provider {provider.name!r} sent nothing for {limits.idle_s:g} s "
+                            "between chunks",
+                        ) from None
+                    idle.waiting_since = None
+                    if not data:
+                        break
+                    batch = parser.feed(data)
+                    if batch:
+                        yield batch
+                    parser.raise_pending()
+            finally:
+                idle.stop()
             if not parser.saw_content and exchange.finish_reason is None:
                 raise failure(
                     ProviderError,
@@ -182,6 +187,45 @@ class GatewayClient:
                     response.release()
                 else:
                     response.close()
+
+
+class _Idle(Exception):
+    """Raised into a read that waited longer than the provider's idle limit."""
+
+
+class _IdleWatch:
+    """The idle limit between chunks, for the price of a clock read per chunk.
+
+    A timer per read (what `asyncio.timeout` would arm) costs more than the rest of relaying
+    the chunk. Instead one timer per stream wakes at the earliest moment the limit could be
+    over, and either fails the waiting read or sleeps until the next such moment. Only time
+    spent waiting for the provider counts: a caller slow to take the chunks is not the
+    provider's idleness.
+    """
+
+    __slots__ = ("_content", "_handle", "_limit", "_loop", "waiting_since")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, limit: float, content: aiohttp.StreamReader
+    ) -> None:
+        self._loop = loop
+        self._limit = limit
+        self._content = content
+        self.waiting_since: float | None = None
+        self._handle = loop.call_later(limit, self._check)
+
+    def _check(self) -> None:
+        since = self.waiting_since
+        now = self._loop.time()
+        if since is not None and now - since >= self._limit:
+            self._content.set_exception(_Idle())
+            return
+        wake = (since if since is not None else now) + self._limit
+        self._handle = self._loop.call_at(wake, self._check)
+
+    def stop(self) -> None:
+        """The stream is over: no more checks."""
+        self._handle.cancel()
 
 
 class _Lines:
