@@ -22,7 +22,7 @@ from bullpen.queue.worker import Worker, WorkerTuning
 from bullpen.services.auth import AuthService
 from bullpen.services.bootstrap import SIMULATED_MODEL, SIMULATED_PROVIDER
 from bullpen.services.gateway import Directory, UsageLedger
-from bullpen.services.housekeeping import Housekeeper
+from bullpen.services.housekeeping import Housekeeper, Retention
 from bullpen.services.ratelimit import CallerLimits, FailureWindow, Slots, TokenBuckets
 from bullpen.services.secrets import SecretBox, load_secret
 from bullpen.services.tasks import TaskService
@@ -31,7 +31,11 @@ from bullpen.store.base import Store
 from bullpen.store.engine import create_store
 from bullpen.store.migrate import migrate
 from bullpen.store.runs import RetryPolicy
-from bullpen.streams.bus.memory import MemoryBus
+from bullpen.streams.bus.base import Bus
+from bullpen.streams.bus.memory import Hub, MemoryBus
+from bullpen.streams.bus.postgres import PgNotify
+from bullpen.streams.bus.redis import RedisStreams
+from bullpen.streams.bus.shared import SharedBus
 from bullpen.streams.eventlog import EventLog
 
 
@@ -47,7 +51,7 @@ class Services:
     settings: Settings
     store: Store
     secret: bytes
-    bus: MemoryBus
+    bus: Bus
     eventlog: EventLog
     gateway: Gateway
     directory: Directory
@@ -111,7 +115,7 @@ async def build(
                     prices={SIMULATED_MODEL: Price()},  # simulated tokens cost nothing
                 )
             )
-        bus = MemoryBus()
+        bus = await open_bus(settings, stack)
         eventlog = await stack.enter_async_context(
             EventLog(store, bus, coalesce_s=settings.coalesce_ms / 1000, clock=clock)
         )
@@ -162,7 +166,17 @@ async def build(
             wakeups.append(notifier.enqueued)
             if worker is not None:
                 await stack.enter_async_context(Listener(dsn, worker.notify))
-        await stack.enter_async_context(Housekeeper(store, clock, settings.housekeeping_interval_s))
+        await stack.enter_async_context(
+            Housekeeper(
+                store,
+                clock,
+                settings.housekeeping_interval_s,
+                Retention(
+                    events=timedelta(days=settings.event_retention_days),
+                    event_batch=settings.event_cleanup_batch,
+                ),
+            )
+        )
         readers["bullpen_sse_subscribers"] = ("Live SSE subscribers", lambda: bus.subscriber_count)
         readers["bullpen_event_commits"] = ("Event log group commits", lambda: eventlog.commits)
         if worker is not None:
@@ -235,6 +249,35 @@ async def build(
             clock=clock,
             simulator=simulator,
         )
+
+
+def bus_kind(settings: Settings) -> str:
+    """The bus `auto` stands for: redis with a Redis URL, postgres on PostgreSQL, else memory."""
+    if settings.bus != "auto":
+        return settings.bus
+    if settings.redis_url:
+        return "redis"
+    return "postgres" if settings.database_url else "memory"
+
+
+async def open_bus(settings: Settings, stack: AsyncExitStack) -> Bus:
+    """The configured bus, started on `stack` (shared buses run a sender and a listener)."""
+    hub = Hub(
+        buffer=settings.sse_buffer_events,
+        max_subscribers=settings.sse_max_subscribers,
+        max_per_workspace=settings.sse_max_subscribers_per_workspace,
+    )
+    kind = bus_kind(settings)
+    if kind == "memory":
+        return MemoryBus(hub)
+    transport: PgNotify | RedisStreams
+    if kind == "redis":
+        assert settings.redis_url is not None  # checked by Settings
+        transport = RedisStreams(settings.redis_url, maxlen=settings.redis_stream_maxlen)
+    else:
+        assert settings.database_url is not None  # checked by Settings
+        transport = PgNotify(asyncpg_dsn(settings.database_url))
+    return await stack.enter_async_context(SharedBus(transport, hub))
 
 
 def provider_defaults(settings: Settings) -> Timeouts:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -33,6 +34,9 @@ class Settings(BaseSettings):
     relay_max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     page_size_max: int = Field(default=100, ge=1)
     sse_keepalive_s: float = Field(default=15.0, gt=0)
+    # A stream client that takes no data for this long is dropped (it resumes with
+    # Last-Event-ID): a reader that stopped reading holds nothing for long.
+    sse_write_timeout_s: float = Field(default=30.0, gt=0)
 
     # Identity and the API contract.
     rate_limit_key_rps: float = Field(default=50.0, gt=0)
@@ -63,8 +67,21 @@ class Settings(BaseSettings):
     # text kills its own process (SIGKILL), as a poison run would. Unset: no effect.
     fault_crash_marker: str | None = Field(default=None, min_length=8)
 
-    # Event log.
+    # Event log and streams.
     coalesce_ms: float = Field(default=25.0, ge=0)
+    # How committed events reach live streams in other processes: `auto` is redis when
+    # redis_url is set, else postgres (LISTEN/NOTIFY) on PostgreSQL, else memory (one process).
+    bus: Literal["auto", "memory", "postgres", "redis"] = "auto"
+    redis_url: str | None = None
+    redis_stream_maxlen: int = Field(default=100_000, ge=1000)
+    # Live stream subscribers held by one process, and by one workspace in one process.
+    sse_max_subscribers: int = Field(default=10_000, ge=1)
+    sse_max_subscribers_per_workspace: int = Field(default=2_500, ge=1)
+    # Events buffered per subscriber; a reader that falls further behind re-reads the store.
+    sse_buffer_events: int = Field(default=1024, ge=16)
+    # How long run events are kept (streams can be resumed from any point within it).
+    event_retention_days: float = Field(default=30.0, gt=0)
+    event_cleanup_batch: int = Field(default=5_000, ge=100)
 
     # Store.
     pool_size: int = Field(default=20, ge=1)
@@ -98,6 +115,15 @@ class Settings(BaseSettings):
     # Relay streams open at once in this process; beyond it the relay answers 503.
     relay_max_streams: int = Field(default=2000, ge=1)
 
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("redis_url must be redis://…, rediss://… or unix://…")
+        return value
+
     @field_validator("database_url")
     @classmethod
     def _normalise_url(cls, value: str | None) -> str | None:
@@ -111,6 +137,14 @@ class Settings(BaseSettings):
         if value.startswith(("sqlite:///", "sqlite+pysqlite:///")):
             return "sqlite:///" + value.split(":///", 1)[1]
         raise ValueError("database_url must be postgresql://… or sqlite:///path")
+
+    @model_validator(mode="after")
+    def _check_bus(self) -> Settings:
+        if self.bus == "redis" and not self.redis_url:
+            raise ValueError("BULLPEN_BUS=redis needs BULLPEN_REDIS_URL")
+        if self.bus == "postgres" and not self.database_url:
+            raise ValueError("BULLPEN_BUS=postgres needs a PostgreSQL BULLPEN_DATABASE_URL")
+        return self
 
     @property
     def resolved_database_url(self) -> str:

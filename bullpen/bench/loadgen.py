@@ -30,6 +30,7 @@ __all__ = ["ERROR_KINDS", "SSEParser", "Snapshot", "make_prompt", "parse_gauges"
 TICK_S = 0.1
 METRICS_INTERVAL_S = 1.0
 # After `end` the server closes the stream; waiting for that lets the connection be reused.
+_MARKERS = frozenset({"run", "close"})  # task stream events without an id
 _CLOSE_WAIT_S = 2.0
 _RETRY_AFTER_CAP_S = 5.0
 _EXAMPLE_CHARS = 300
@@ -46,7 +47,7 @@ ERROR_KINDS = {
     "stream_connection": "the event stream could not be opened or was dropped",
     "stream_timeout": "the event stream stalled or ran past the request timeout",
     "stream_client_error": "another HTTP client error while streaming",
-    "seq_gap": "an event id was not the next integer from 1",
+    "seq_gap": "an event id was not the next of 1.1, 1.2, ... (the task's first run)",
     "bad_event": "an event's data was not the JSON the contract promises",
     "truncated": "the stream closed without an `end` event",
     "end_<status>": "the run ended with a status other than done",
@@ -286,12 +287,12 @@ class _Load:
         parts: list[str] = []
         async for chunk in resp.content.iter_any():
             for event_id, kind, data in parser.feed(chunk):
-                try:
-                    seq = int(event_id) if event_id is not None else None
-                except ValueError:
-                    seq = None
-                if seq != expected:
-                    raise _Failed("seq_gap", f"task {task_id}: expected id {expected}, got {seq}")
+                if event_id is None and kind in _MARKERS:
+                    continue
+                if event_id != b"1.%d" % expected:
+                    raise _Failed(
+                        "seq_gap", f"task {task_id}: expected id 1.{expected}, got {event_id!r}"
+                    )
                 expected += 1
                 if kind == "text":
                     if first_text is None:

@@ -1,13 +1,15 @@
-"""Housekeeping: delete expired idempotency keys and sessions in bounded batches."""
+"""Housekeeping: delete expired idempotency keys, sessions and run events in bounded batches."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from bullpen.errors import BullpenError
+from bullpen.store import events as run_events
 from bullpen.store import idempotency as idempotency_keys
 from bullpen.store import identity
 from bullpen.store.base import Store
@@ -17,15 +19,29 @@ log = logging.getLogger(__name__)
 BATCH = 1000
 
 
-async def sweep(store: Store, now: datetime) -> int:
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long run events are kept, and how many one cleanup transaction deletes."""
+
+    events: timedelta = timedelta(days=30)
+    event_batch: int = 5_000
+
+
+async def sweep(store: Store, now: datetime, retention: Retention = Retention()) -> int:
     """Delete what has expired, one bounded batch per transaction; returns rows deleted."""
+    cutoff = now - retention.events
+    jobs: list[tuple[Callable[..., Awaitable[int]], datetime, int]] = [
+        (idempotency_keys.delete_expired, now, BATCH),
+        (identity.delete_expired_sessions, now, BATCH),
+        (run_events.delete_expired, cutoff, retention.event_batch),
+    ]
     total = 0
-    for delete in (idempotency_keys.delete_expired, identity.delete_expired_sessions):
+    for delete, when, batch in jobs:
         while True:
             async with store.write() as conn:
-                deleted = await delete(conn, now, BATCH)
+                deleted = await delete(conn, when, batch)
             total += deleted
-            if deleted < BATCH:
+            if deleted < batch:
                 break
             await asyncio.sleep(0)  # let requests in between batches
     return total
@@ -34,8 +50,15 @@ async def sweep(store: Store, now: datetime) -> int:
 class Housekeeper:
     """Runs `sweep` every `interval_s` while open."""
 
-    def __init__(self, store: Store, clock: Callable[[], datetime], interval_s: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        clock: Callable[[], datetime],
+        interval_s: float,
+        retention: Retention = Retention(),
+    ) -> None:
         self._store = store
+        self._retention = retention
         self._clock = clock
         self._interval = interval_s
         self._task: asyncio.Task[None] | None = None
@@ -53,7 +76,7 @@ class Housekeeper:
         while True:
             await asyncio.sleep(self._interval)
             try:
-                deleted = await sweep(self._store, self._clock())
+                deleted = await sweep(self._store, self._clock(), self._retention)
             except BullpenError as err:
                 log.warning("housekeeping failed: %s", err.detail)
                 continue

@@ -9,8 +9,9 @@ from uuid import UUID
 import sqlalchemy as sa
 
 from bullpen.domain.events import EventKind, RunEvent
+from bullpen.domain.status import TERMINAL_RUN
 from bullpen.store.base import Connection
-from bullpen.store.tables import run_events, runs
+from bullpen.store.tables import run_events, runs, tasks
 
 _INSERT = run_events.insert()
 
@@ -48,15 +49,18 @@ async def last_seq(conn: Connection, run_id: UUID) -> int:
     return int(value or 0)
 
 
-async def latest_run_id(conn: Connection, task_id: UUID) -> UUID | None:
-    """The task's most recent run."""
+async def task_run_ids(conn: Connection, task_id: UUID) -> list[UUID]:
+    """The task's runs, oldest first (a task stream's run numbers are positions here)."""
+    result = await conn.execute(
+        sa.select(runs.c.id).where(runs.c.task_id == task_id).order_by(runs.c.queued_at, runs.c.id)
+    )
+    return list(result.scalars())
+
+
+async def task_status(conn: Connection, task_id: UUID) -> str | None:
+    """The task's status, or None once it is gone."""
     return (
-        await conn.execute(
-            sa.select(runs.c.id)
-            .where(runs.c.task_id == task_id)
-            .order_by(runs.c.queued_at.desc())
-            .limit(1)
-        )
+        await conn.execute(sa.select(tasks.c.status).where(tasks.c.id == task_id))
     ).scalar_one_or_none()
 
 
@@ -90,3 +94,21 @@ async def end_seq(conn: Connection, run_id: UUID) -> int | None:
         )
     ).scalar_one_or_none()
     return None if value is None else int(value)
+
+
+async def delete_expired(conn: Connection, cutoff: datetime, limit: int) -> int:
+    """Delete up to `limit` events stored before `cutoff` of runs that have ended (a run
+    still going keeps its events: its seq continues from them); returns how many."""
+    e = run_events.c
+    doomed = (
+        sa.select(e.run_id, e.seq)
+        .join(runs, runs.c.id == e.run_id)
+        .where(
+            e.created_at < cutoff,
+            runs.c.status.in_([s.value for s in TERMINAL_RUN]),
+        )
+        .order_by(e.created_at)
+        .limit(limit)
+    )
+    result = await conn.execute(run_events.delete().where(sa.tuple_(e.run_id, e.seq).in_(doomed)))
+    return int(result.rowcount)

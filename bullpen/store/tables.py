@@ -224,6 +224,7 @@ run_events = sa.Table(
     sa.Column("data", JSONType, nullable=False),
     _created(),
     sa.PrimaryKeyConstraint("run_id", "seq"),
+    sa.Index("ix_run_events_created", "created_at"),
 )
 
 audit_events = sa.Table(

@@ -1,22 +1,39 @@
-"""A task's event stream: replay from the store after Last-Event-ID, then follow live."""
+"""Run and task event streams: replay from the store after `Last-Event-ID`, then follow live.
+
+A stream subscribes before it replays, so nothing committed in between is missed, and drops
+what it has already sent by `seq`. It goes back to the store whenever the live side may have
+missed something: its subscriber lagged (a full buffer, a bus reconnect, an event too large
+for the bus), a `seq` gap, or a keep-alive interval without news.
+
+- A run's stream: event ids are the run's `seq`; it ends after the run's `end` event.
+- A task's stream: every run of the task in order, each introduced by a `run` event (no id);
+  event ids are `<run number>.<seq>`. It ends, with a `close` event, once the task is finished
+  (done, failed or cancelled) and its last run has ended; a task waiting for a retry keeps it
+  open.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
 from uuid import UUID
 
 import orjson
 
 from bullpen.domain.events import RunEvent
+from bullpen.domain.status import TERMINAL_TASK, TaskStatus
 from bullpen.store import events as event_store
 from bullpen.store.base import Store
-from bullpen.streams.bus.base import Bus
+from bullpen.streams.bus.memory import Subscriber
 
 REPLAY_PAGE = 500
+KEEPALIVE = b": keep-alive\n\n"
+
+Frame = Callable[[RunEvent], bytes]
 
 
 def format_event(event: RunEvent) -> bytes:
-    """One SSE frame; `id` is the run's seq so clients resume with Last-Event-ID."""
+    """One SSE frame of a run's stream; `id` is the run's seq."""
     return b"id: %d\nevent: %s\ndata: %s\n\n" % (
         event.seq,
         event.kind.value.encode(),
@@ -24,57 +41,121 @@ def format_event(event: RunEvent) -> bytes:
     )
 
 
-KEEPALIVE = b": keep-alive\n\n"
+def _task_frame(number: int) -> Frame:
+    prefix = b"id: %d." % number
+
+    def frame(event: RunEvent) -> bytes:
+        return prefix + b"%d\nevent: %s\ndata: %s\n\n" % (
+            event.seq,
+            event.kind.value.encode(),
+            orjson.dumps(event.data),
+        )
+
+    return frame
+
+
+def _marker(name: str, data: dict[str, object]) -> bytes:
+    """An event without an id: it does not move the client's resume point."""
+    return b"event: %s\ndata: %s\n\n" % (name.encode(), orjson.dumps(data))
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCursor:
+    """Where a task stream resumes: after `seq` of the task's run number `run` (1-based)."""
+
+    run: int = 1
+    seq: int = 0
+
+    @classmethod
+    def parse(cls, value: str | None) -> TaskCursor:
+        """From a `Last-Event-ID` of `<run>.<seq>` (already checked by the route's pattern)."""
+        if not value:
+            return cls()
+        run, seq = value.split(".", 1)
+        return cls(max(1, int(run)), int(seq))
+
+
+async def run_stream(
+    store: Store, live: Subscriber, run_id: UUID, after_seq: int, keepalive_s: float
+) -> AsyncGenerator[bytes, None]:
+    """Frames of one run after `after_seq`, ending after its `end` event."""
+    async for frame in _follow(store, live, run_id, after_seq, keepalive_s, format_event):
+        yield frame
 
 
 async def task_stream(
-    store: Store, bus: Bus, task_id: UUID, after_seq: int, keepalive_s: float
+    store: Store, live: Subscriber, task_id: UUID, cursor: TaskCursor, keepalive_s: float
+) -> AsyncGenerator[bytes, None]:
+    """Frames of every run of the task from `cursor` on, then a `close` event."""
+    number, after = cursor.run, cursor.seq
+    while True:
+        async with store.read() as conn:
+            run_ids = await event_store.task_run_ids(conn, task_id)
+        if number <= len(run_ids):
+            run_id = run_ids[number - 1]
+            yield _marker("run", {"run_id": str(run_id), "number": number})
+            async for frame in _follow(
+                store, live, run_id, after, keepalive_s, _task_frame(number)
+            ):
+                yield frame
+            number, after = number + 1, 0
+            continue
+        async with store.read() as conn:
+            status = await event_store.task_status(conn, task_id)
+        if status is None or TaskStatus(status) in TERMINAL_TASK:
+            yield _marker("close", {"reason": "task-ended", "status": status})
+            return
+        # Waiting for the task's next run: any news of the task, or the keep-alive, re-checks.
+        news = await live.get(keepalive_s)
+        if live.lagged:
+            live.reset()
+        elif news is None:
+            yield KEEPALIVE
+
+
+async def _follow(
+    store: Store,
+    live: Subscriber,
+    run_id: UUID,
+    after_seq: int,
+    keepalive_s: float,
+    frame: Frame,
 ) -> AsyncIterator[bytes]:
-    """Frames of the task's latest run after `after_seq`, ending after its `end` event."""
-    # Subscribe before replaying so nothing committed in between is missed; seq de-duplicates.
-    async with bus.subscribe(task_id) as live:
-        last = after_seq
-        run_id: UUID | None = None
+    """One run's frames after `after_seq`, replayed then live, until its `end` event."""
+    last = after_seq
+    while True:
+        async for stored in _replay(store, run_id, last):
+            yield frame(stored)
+            last = stored.seq
+            if stored.is_end:
+                return
+        if await _ended_by(store, run_id, last):
+            return  # a resume from at or past the end has nothing more to wait for
         while True:
-            if run_id is None:
-                async with store.read() as conn:
-                    run_id = await event_store.latest_run_id(conn, task_id)
-            if run_id is not None:
-                ended = False
-                async for frame, seq, is_end in _replay(store, run_id, last):
-                    yield frame
-                    last = seq
-                    ended = ended or is_end
-                if ended or await _ended_by(store, run_id, last):
-                    return  # a resume from at or past the end has nothing more to wait for
-            while True:
-                event = await live.get(keepalive_s)
-                if live.lagged:
-                    live.reset()
-                    break  # resume from the store
-                if event is None:
-                    yield KEEPALIVE
-                    break  # also re-check the store: a safety net for missed wake-ups
-                if event.seq <= last or (run_id is not None and event.run_id != run_id):
-                    continue
-                if event.seq != last + 1:
-                    break  # a gap: fill it from the store
-                run_id = event.run_id
-                yield format_event(event)
-                last = event.seq
-                if event.is_end:
-                    return
+            event = await live.get(keepalive_s)
+            if live.lagged:
+                live.reset()
+                break  # resume from the store
+            if event is None:
+                yield KEEPALIVE
+                break  # also re-check the store: a safety net for missed wake-ups
+            if event.run_id != run_id or event.seq <= last:
+                continue
+            if event.seq != last + 1:
+                break  # a gap: fill it from the store
+            yield frame(event)
+            last = event.seq
+            if event.is_end:
+                return
 
 
-async def _replay(
-    store: Store, run_id: UUID, after_seq: int
-) -> AsyncIterator[tuple[bytes, int, bool]]:
+async def _replay(store: Store, run_id: UUID, after_seq: int) -> AsyncIterator[RunEvent]:
     last = after_seq
     while True:
         async with store.read() as conn:
             page = await event_store.after(conn, run_id=run_id, after_seq=last, limit=REPLAY_PAGE)
         for event in page:
-            yield format_event(event), event.seq, event.is_end
+            yield event
             last = event.seq
             if event.is_end:
                 return

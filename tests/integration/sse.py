@@ -11,11 +11,17 @@ import aiohttp
 
 @dataclass
 class Event:
-    """One parsed SSE event."""
+    """One parsed SSE event; markers (`run`, `close`) have no id."""
 
-    id: int
+    id: str | None
     event: str
     data: dict[str, Any]
+
+    @property
+    def seq(self) -> int:
+        """The run's seq: all of a run stream's id, the part after the dot of a task's."""
+        assert self.id is not None
+        return int(self.id.rsplit(".", 1)[-1])
 
 
 async def read_events(
@@ -24,8 +30,10 @@ async def read_events(
     headers: dict[str, str],
     *,
     stop_after: int | None = None,
+    markers: bool = False,
 ) -> list[Event]:
-    """Read a stream to its end (or `stop_after` events), returning the events."""
+    """Read a stream to its end (or `stop_after` events), returning the events with ids (and
+    the markers without, if asked)."""
     events: list[Event] = []
     async with session.get(url, headers={**headers, "Accept": "text/event-stream"}) as resp:
         assert resp.status == 200, await resp.text()
@@ -37,10 +45,11 @@ async def read_events(
                 continue
             if line == "":
                 if fields:
-                    events.append(
-                        Event(int(fields["id"]), fields["event"], json.loads(fields["data"]))
-                    )
+                    event = Event(fields.get("id"), fields["event"], json.loads(fields["data"]))
                     fields = {}
+                    if event.id is None and not markers:
+                        continue
+                    events.append(event)
                     if stop_after is not None and len(events) >= stop_after:
                         return events
                 continue

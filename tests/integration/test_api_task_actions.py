@@ -165,7 +165,7 @@ async def test_cancel_a_queued_task_ends_its_run_and_stream_at_once(
     assert cancelled["run"]["status"] == "cancelled" and cancelled["run"]["finished_at"]
     url = f"{server.base_url}/api/v1/tasks/{task['id']}/events"
     events = await read_events(http, url, server.auth)
-    assert [(e.id, e.event, e.data) for e in events] == [(1, "end", {"status": "cancelled"})]
+    assert [(e.id, e.event, e.data) for e in events] == [("1.1", "end", {"status": "cancelled"})]
     reply = await call(http, server, "POST", f"/api/v1/tasks/{task['id']}/retry")
     retried = reply.body
     assert reply.status == 201 and retried["status"] == "queued"

@@ -25,18 +25,16 @@ async def _run(store: Store, slug: str = "w") -> tuple[uuid.UUID, uuid.UUID, uui
 async def test_deltas_coalesce_into_gap_free_events(store: Store) -> None:
     ws, task_id, run_id = await _run(store)
     bus = MemoryBus()
-    async with (
-        EventLog(store, bus, coalesce_s=0.05, clock=lambda: NOW) as log,
-        bus.subscribe(task_id) as live,
-    ):
-        writer = log.writer(run_id, task_id, ws, last_seq=0)
-        writer.emit(EventKind.STATUS, {"status": "running"})
-        for word in ["a", "b", "c", "d"]:
-            writer.text(word)
-        writer.emit(EventKind.USAGE, {"output_tokens": 4})
-        writer.text("e")
-        await log.flush(writer)
-        got = [await live.get(1.0) for _ in range(4)]
+    with bus.open(task_id, ws) as live:
+        async with EventLog(store, bus, coalesce_s=0.05, clock=lambda: NOW) as log:
+            writer = log.writer(run_id, task_id, ws, last_seq=0)
+            writer.emit(EventKind.STATUS, {"status": "running"})
+            for word in ["a", "b", "c", "d"]:
+                writer.text(word)
+            writer.emit(EventKind.USAGE, {"output_tokens": 4})
+            writer.text("e")
+            await log.flush(writer)
+            got = [await live.get(1.0) for _ in range(4)]
     async with store.read() as conn:
         stored = await event_store.after(conn, run_id=run_id, after_seq=0, limit=100)
     assert [(e.seq, e.kind, e.data) for e in stored] == [
@@ -53,18 +51,16 @@ async def test_a_first_text_does_not_wait_out_another_runs_window(store: Store) 
     _, task_b, run_b = await _run(store, "b")
     bus = MemoryBus()
     window = 5.0  # far longer than the test may take
-    async with (
-        EventLog(store, bus, coalesce_s=window, clock=lambda: NOW) as log,
-        bus.subscribe(task_b) as live,
-    ):
-        a = log.writer(run_a, task_a, ws, last_seq=0)
-        a.emit(EventKind.STATUS, {"status": "running"})  # opens a coalescing window
-        await asyncio.sleep(0.05)
-        b = log.writer(run_b, task_b, ws, last_seq=0)
-        b.text("first")
-        started = asyncio.get_running_loop().time()
-        event = await live.get(window / 2)
-        waited = asyncio.get_running_loop().time() - started
+    with bus.open(task_b, ws) as live:
+        async with EventLog(store, bus, coalesce_s=window, clock=lambda: NOW) as log:
+            a = log.writer(run_a, task_a, ws, last_seq=0)
+            a.emit(EventKind.STATUS, {"status": "running"})  # opens a coalescing window
+            await asyncio.sleep(0.05)
+            b = log.writer(run_b, task_b, ws, last_seq=0)
+            b.text("first")
+            started = asyncio.get_running_loop().time()
+            event = await live.get(window / 2)
+            waited = asyncio.get_running_loop().time() - started
     assert event is not None and event.data == {"text": "first"}
     assert waited < window / 2
 

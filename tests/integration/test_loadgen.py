@@ -38,7 +38,7 @@ class Fake:
 
 def _event(seq: int, kind: str, data: object, crlf: bool = False) -> bytes:
     nl = "\r\n" if crlf else "\n"
-    return f"id: {seq}{nl}event: {kind}{nl}data: ".encode() + orjson.dumps(data) + (nl * 2).encode()
+    return f"id: 1.{seq}{nl}event: {kind}{nl}data: ".encode() + orjson.dumps(data) + (nl * 2).encode()
 
 
 def _app(fake: Fake) -> web.Application:
@@ -87,7 +87,8 @@ def _app(fake: Fake) -> web.Application:
         fake.streaming_max = max(fake.streaming_max, fake.streaming)
         try:
             seq = 1
-            await resp.write(b": keep-alive\n\n" + _event(seq, "status", {"status": "running"}))
+            marker = b'event: run\ndata: {"number": 1}\n\n'
+            await resp.write(b": keep-alive\n\n" + marker + _event(seq, "status", {"status": "running"}))
             deltas = [text[i : i + 7] for i in range(0, len(text), 7)]
             for i, delta in enumerate(deltas):
                 await asyncio.sleep(0.01)
@@ -109,6 +110,7 @@ def _app(fake: Fake) -> web.Application:
                 await resp.write(_event(seq, "error", {"message": "provider exploded"}))
             seq += 1
             await resp.write(_event(seq, "end", {"status": status}))
+            await resp.write(b'event: close\ndata: {"reason": "task-ended"}\n\n')
             # The close comes a moment after `end`: a client that stops reading at `end` drops
             # the connection instead of returning it to the pool.
             await asyncio.sleep(3.0 if fake.mode == "linger" else 0.02)

@@ -6,12 +6,12 @@ from typing import Annotated
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Header, Query, Response
-from fastapi.responses import StreamingResponse
 from pydantic import StringConstraints
 from pydantic.json_schema import SkipJsonSchema
 
 from bullpen.api import cursor, docs
 from bullpen.api.deps import ServicesDep, require, require_json
+from bullpen.api.eventstream import EventStream
 from bullpen.api.idempotency import Idempotent
 from bullpen.api.schemas import (
     CommentCreate,
@@ -27,7 +27,7 @@ from bullpen.api.schemas import (
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
 from bullpen.domain.status import TaskStatus
-from bullpen.streams.sse import task_stream
+from bullpen.streams.sse import TaskCursor, task_stream
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"])
 
@@ -246,9 +246,10 @@ async def list_comments(
     operation_id="streamTaskEvents",
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"},
-        **docs.problems(*docs.READ),
+        **docs.problems(*docs.READ, 503),
     },
-    response_class=StreamingResponse,
+    response_class=EventStream,
+    status_code=200,
     summary="Stream a task's events (SSE)",
 )
 async def task_events(
@@ -256,16 +257,21 @@ async def task_events(
     principal: Reader,
     svc: ServicesDep,
     last_event_id: Annotated[
-        Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")] | SkipJsonSchema[None],
-        Header(description="Resume after this event id (`id:` of an event; at most 9 digits)"),
+        Annotated[str, StringConstraints(pattern=r"^[0-9]{1,6}\.[0-9]{1,9}$")]
+        | SkipJsonSchema[None],
+        Header(
+            description="Resume after this event id (`<run number>.<seq>`, the `id:` of an "
+            "event of this stream)"
+        ),
     ] = None,
-) -> StreamingResponse:
-    """Replay events after `Last-Event-ID`, then follow live until the task's run ends."""
-    after = int(last_event_id) if last_event_id else 0
+) -> EventStream:
+    """Every run of the task in order (each introduced by a `run` event): events replayed
+    after `Last-Event-ID`, then live; a `close` event once the task has finished."""
     await svc.tasks.get(principal, task_id)
-    stream = task_stream(svc.store, svc.bus, task_id, after, svc.settings.sse_keepalive_s)
-    return StreamingResponse(
-        stream,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    live = svc.bus.open(task_id, principal.workspace_id)
+    keepalive = svc.settings.sse_keepalive_s
+    return EventStream(
+        task_stream(svc.store, live, task_id, TaskCursor.parse(last_event_id), keepalive),
+        on_close=live.close,
+        write_timeout_s=svc.settings.sse_write_timeout_s,
     )

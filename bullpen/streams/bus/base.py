@@ -1,36 +1,36 @@
-"""The bus seam: publish committed events, subscribe per task."""
+"""The bus seam: publish committed events; open a subscriber to one task's events.
+
+Three buses stand behind it: in-process (`memory`), PostgreSQL LISTEN/NOTIFY (`postgres`) and
+Redis Streams (`redis`). Whatever the bus, a subscriber may miss events (a full buffer, a
+dropped connection, a message too large to carry); it is then marked lagged and re-reads the
+store, which holds every committed event. The bus is only ever the fast path.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 from uuid import UUID
 
 from bullpen.domain.events import RunEvent
-
-
-class Subscription(Protocol):
-    """Live events of one task, in publish order; may lag and then must resume from the store."""
-
-    lagged: bool
-
-    async def get(self, wait_s: float) -> RunEvent | None:
-        """The next event, or None when `wait_s` seconds pass without one."""
-        ...
-
-    def reset(self) -> None:
-        """Drop what is buffered and clear `lagged`; the reader re-reads the store."""
-        ...
+from bullpen.streams.bus.memory import Hub, Subscriber
 
 
 class Bus(Protocol):
-    """Fan-out of committed run events to subscribers."""
+    """Fan-out of committed run events to subscribers, in this process and (for shared
+    buses) in every other process on the same database or Redis."""
+
+    hub: Hub
 
     def publish(self, events: Sequence[RunEvent]) -> None:
         """Deliver events to every subscriber of their task (never blocks)."""
         ...
 
-    def subscribe(self, task_id: UUID) -> AbstractAsyncContextManager[Subscription]:
-        """Listen to one task's events for the life of the context."""
+    def open(self, task_id: UUID, workspace_id: UUID) -> Subscriber:
+        """A subscriber to one task's events, counted against the limits (429/503 beyond)."""
+        ...
+
+    @property
+    def subscriber_count(self) -> int:
+        """Subscribers in this process."""
         ...

@@ -18,8 +18,15 @@
     errorEl.textContent = JSON.parse(e.data).message;
     errorEl.hidden = false;
   });
-  source.addEventListener("end", function (e) {
-    setStatus(JSON.parse(e.data).status);
+  // Each run of the task (a retry is a new run) starts afresh.
+  source.addEventListener("run", function () {
+    output.textContent = "";
+    errorEl.textContent = "";
+    errorEl.hidden = true;
+  });
+  source.addEventListener("end", function (e) { setStatus(JSON.parse(e.data).status); });
+  // The task has finished: nothing more will come.
+  source.addEventListener("close", function () {
     article.dataset.ended = "true";
     source.close();
   });
