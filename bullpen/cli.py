@@ -227,6 +227,13 @@ def sim_provider(
         int, typer.Option(help="Tokens per response.", envvar="BULLPEN_SIM_RESPONSE_TOKENS")
     ] = 64,
     model: Annotated[list[str] | None, typer.Option(help="Model names served.")] = None,
+    fault: Annotated[
+        str | None,
+        typer.Option(
+            help="A fault spec for every request (e.g. 429, slow:5, stamp).",
+            envvar="BULLPEN_SIM_FAULT",
+        ),
+    ] = None,
 ) -> None:
     """Run the simulated OpenAI-compatible provider on its own."""
     from bullpen.bench.simprovider import SimConfig, serve_forever
@@ -237,6 +244,7 @@ def sim_provider(
             tokens_per_second=tokens_per_second,
             response_tokens=response_tokens,
             models=tuple(model) if model else ("sim-1",),
+            fault=fault or None,
         )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None

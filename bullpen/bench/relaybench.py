@@ -55,7 +55,7 @@ class Side:
     warmup_requests: int = 0  # finished during the warm-up: not measured, but served
 
     def p(self, which: str, q: float) -> float | None:
-        """A percentile of `ttft` or `total`, in ms."""
+        """The `q`-th percentile (0-100] of `ttft` or `total`, in ms."""
         return percentile(sorted(getattr(self, f"{which}_ms")), q)
 
 
@@ -69,7 +69,7 @@ class Level:
     server_cpu_ms_per_request: list[float] = field(default_factory=list)
 
     def added(self, which: str, q: float) -> float | None:
-        """Median over rounds of (relay − direct) at percentile `q`, in ms."""
+        """Median over rounds of (relay − direct) at the `q`-th percentile (0-100], in ms."""
         diffs = []
         for d, r in zip(self.direct, self.relay, strict=True):
             dp, rp = d.p(which, q), r.p(which, q)
@@ -86,7 +86,7 @@ class Level:
 
         out: dict[str, Any] = {"concurrency": self.concurrency}
         for which in ("ttft", "total"):
-            for q, name in ((0.5, "p50"), (0.99, "p99")):
+            for q, name in ((50, "p50"), (99, "p99")):
                 added = self.added(which, q)
                 out[f"{which}_{name}_direct_ms"] = med(self.direct, which, q)
                 out[f"{which}_{name}_relay_ms"] = med(self.relay, which, q)
@@ -203,7 +203,7 @@ async def run_relay_bench(
                         on_step(
                             f"C={concurrency} round {i + 1}/{rounds} {name}: "
                             f"{len(side.total_ms)} streams, ttft p50 "
-                            f"{side.p('ttft', 0.5) or 0:.1f} ms p99 {side.p('ttft', 0.99) or 0:.1f}"
+                            f"{side.p('ttft', 50) or 0:.1f} ms p99 {side.p('ttft', 99) or 0:.1f}"
                             f" ms, errors {side.errors}"
                         )
                 levels.append(level)

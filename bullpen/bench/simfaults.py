@@ -19,6 +19,8 @@ module's docstring). A spec is `name` or `name:arg`:
     slow:TPS       TPS tokens per second (a decimal > 0) instead of the configured rate
     echo           the text is the JSON of {"headers": ..., "body": ...} of the request, sent
                    in 7-character tokens whatever the token cap
+    stamp          not a fault: each token is the wall-clock time it is sent, `@<unix s>;`
+                   (streamed answers only), so a reader can time delivery end to end
 
 N is a whole number (0 allowed; beyond the completion's length it means all of it). Status
 faults answer at once; the others keep the TTFT. Not streamed: `hang` and `hang-after` never
@@ -82,6 +84,7 @@ class Fault:
     end: End = End.FINISH
     interval_s: float | None = None  # seconds per token, instead of the configured rate
     echo: bool = False
+    stamp: bool = False
 
 
 NO_FAULT: Final = Fault("")
@@ -140,6 +143,7 @@ _FIXED_FAULTS: Final = {
         Fault("hang", silent=True, after=0, end=End.HANG),
         Fault("no-finish", end=End.CLOSE),
         Fault("echo", echo=True),
+        Fault("stamp", stamp=True),
         Fault("echo-error", refusal=_echo_key_error),
         Fault("429", refusal=_rate_limited("1")),
         Fault("500", refusal=internal_error),
@@ -160,7 +164,7 @@ _WHOLE: Final = re.compile(r"[0-9]+")
 _DECIMAL: Final = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 _GRAMMAR: Final = (
     "hang, hang-after:N, 429, 429:S, 500, 502, 503, 529, spend-limit, 401, 400, echo-error, "
-    "error-after:N, cut-after:N, no-finish, slow:TPS, echo"
+    "error-after:N, cut-after:N, no-finish, slow:TPS, echo, stamp"
 )
 
 

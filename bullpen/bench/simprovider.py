@@ -382,6 +382,8 @@ class _Simulator:
                     await response.write(b"".join(pending))
                     pending.clear()
                     await asyncio.sleep(delay)
+                if fault.stamp:
+                    token = f"@{time.time():.6f};"
                 pending += (frames.content_head, orjson.dumps(token), frames.content_tail)
             pending.append(ending)
             await response.write(b"".join(pending))

@@ -88,6 +88,8 @@ class SpawnedServer:
     _proc: asyncio.subprocess.Process = field(repr=False)
     source: SourceTree | None = None
     sim_url: str | None = None  # the simulator process's base URL, with `sim="process"`
+    sim_pid: int | None = None
+    worker_pids: tuple[int, ...] = ()
 
     @property
     def returncode(self) -> int | None:
@@ -384,8 +386,13 @@ async def spawn_server(
     env: Mapping[str, str] | None = None,
     sim: SimPlacement = "process",
     source: SourceTree | None = None,
+    workers: int = 0,
 ) -> AsyncIterator[SpawnedServer]:
     """Start a fresh server on 127.0.0.1 and yield it; tear everything down on exit.
+
+    With `workers` that many `bullpen worker` processes run beside it on the same database
+    (their pids in `worker_pids`); give the server `BULLPEN_WORKER_ENABLED=false` in `env`
+    for an API-only process.
 
     With `sim="process"` the simulated provider runs as its own process (as a real provider
     would be elsewhere), so the server's figures do not include the simulator's CPU; with
@@ -458,6 +465,19 @@ async def spawn_server(
             stderr=res.stderr_file,
         )
         await _wait_ready(res.proc, base_url, stderr_path, READY_TIMEOUT_S)
+        for i in range(workers):
+            log = (data_dir / f"worker{i}.stderr.log").open("wb")
+            res.worker_logs.append(log)
+            res.workers.append(
+                await asyncio.create_subprocess_exec(
+                    *_bullpen_argv("worker"),
+                    env=child_env,
+                    cwd=cwd,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=log,
+                )
+            )
         yield SpawnedServer(
             base_url=base_url,
             api_key=api_key,
@@ -470,6 +490,8 @@ async def spawn_server(
             _proc=res.proc,
             source=source,
             sim_url=child_env.get("BULLPEN_SIM_URL") if sim == "process" else None,
+            sim_pid=res.sim_proc.pid if res.sim_proc is not None else None,
+            worker_pids=tuple(w.pid for w in res.workers),
         )
     except BaseException:
         # Do not let a cleanup failure hide the error that got us here.
@@ -490,9 +512,14 @@ class _Resources:
     stderr_file: IO[bytes] | None = None
     sim_proc: asyncio.subprocess.Process | None = None
     sim_stderr: IO[bytes] | None = None
+    workers: list[asyncio.subprocess.Process] = field(default_factory=list)
+    worker_logs: list[IO[bytes]] = field(default_factory=list)
 
     async def close(self) -> None:
         try:
+            await asyncio.gather(*(_stop(w) for w in self.workers))
+            for log in self.worker_logs:
+                log.close()
             if self.proc is not None:
                 await _stop(self.proc)
             if self.stderr_file is not None:
