@@ -34,8 +34,7 @@ from bullpen.store.runs import RetryPolicy
 from bullpen.streams.bus.base import Bus
 from bullpen.streams.bus.memory import Hub, MemoryBus
 from bullpen.streams.bus.postgres import PgNotify
-from bullpen.streams.bus.redis import RedisStreams
-from bullpen.streams.bus.shared import SharedBus
+from bullpen.streams.bus.shared import SharedBus, Transport
 from bullpen.streams.eventlog import EventLog
 
 
@@ -270,9 +269,12 @@ async def open_bus(settings: Settings, stack: AsyncExitStack) -> Bus:
     kind = bus_kind(settings)
     if kind == "memory":
         return MemoryBus(hub)
-    transport: PgNotify | RedisStreams
+    transport: Transport
     if kind == "redis":
         assert settings.redis_url is not None  # checked by Settings
+        # Imported only here: the Redis client costs ~19 MB of memory in every process.
+        from bullpen.streams.bus.redis import RedisStreams
+
         transport = RedisStreams(settings.redis_url, maxlen=settings.redis_stream_maxlen)
     else:
         assert settings.database_url is not None  # checked by Settings

@@ -262,7 +262,8 @@ def bench(
         str,
         typer.Option(
             help="reference (create, stream, think; ramp to 80), create (create throughput), "
-            "queue (the run queue) or relay (the relay's added latency)."
+            "queue (the run queue), relay (the relay's added latency) or streams (live "
+            "streams one API process holds)."
         ),
     ] = "reference",
     backend: Annotated[
@@ -299,7 +300,8 @@ def bench(
         int, typer.Option(help="[create] Clients creating tasks back to back.")
     ] = 32,
     duration: Annotated[
-        float, typer.Option(help="[create, relay] Measured seconds per round.")
+        float,
+        typer.Option(help="[create, relay, streams] Measured seconds per round (streams: level)."),
     ] = 15.0,
     warmup: Annotated[
         float, typer.Option(help="[create, relay] Warm-up seconds before each round.")
@@ -318,21 +320,34 @@ def bench(
         int, typer.Option(help="[queue] Runs enqueued one at a time for the latency.")
     ] = 200,
     streams: Annotated[
-        str, typer.Option(help="[relay] Concurrent streams per level, e.g. 50,200.")
+        str,
+        typer.Option(
+            help="[relay, streams] Concurrent streams per level (relay default 50,200; "
+            "streams default 500,1000,2000)."
+        ),
     ] = "50,200",
+    bus: Annotated[
+        str,
+        typer.Option(help="[streams] PostgreSQL's bus between API and worker: postgres or redis."),
+    ] = "postgres",
+    redis_url: Annotated[
+        str, typer.Option(help="[streams] Redis for --bus redis.")
+    ] = "redis://127.0.0.1:6379/0",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON, no progress bar.")] = False,
 ) -> None:
     """Load tests: the reference scenario (default), create throughput (--scenario create),
-    the run queue (--scenario queue: runs/s per worker count, claim latency, noisy neighbour)
-    or the relay (--scenario relay: latency it adds over calling the provider directly)."""
+    the run queue (--scenario queue: runs/s per worker count, claim latency, noisy neighbour),
+    the relay (--scenario relay: latency it adds over calling the provider directly) or live
+    streams (--scenario streams: streams held, delivery latency, memory, database writes)."""
     only: dict[str, tuple[str, ...]] = {
         "reference": ("url", "api_key", "agent_id", "scale", "peak", "hold", "think", "sim"),
         "create": ("baseline_ref", "concurrency", "duration", "warmup", "rounds"),
         "queue": ("runs", "workers", "samples"),
         "relay": ("streams", "duration", "warmup", "rounds"),
+        "streams": ("streams", "duration", "bus", "redis_url"),
     }
     if scenario not in only:
-        raise typer.BadParameter("--scenario must be reference, create, queue or relay")
+        raise typer.BadParameter("--scenario must be reference, create, queue, relay or streams")
     if backend not in ("sqlite", "postgres"):
         raise typer.BadParameter("--backend must be sqlite or postgres")
     for other, names in only.items():
@@ -367,6 +382,22 @@ def bench(
             duration=duration,
             warmup=warmup,
             rounds=rounds,
+            as_json=as_json,
+        )
+        return
+    if scenario == "streams":
+        from bullpen.cli_bench import bench_streams
+
+        levels_source = ctx.get_parameter_source("streams")
+        bench_streams(
+            backend,
+            pg_url=pg_url,
+            streams=streams
+            if levels_source is not None and levels_source.name != "DEFAULT"
+            else None,
+            hold=duration,
+            bus=bus,
+            redis_url=redis_url,
             as_json=as_json,
         )
         return

@@ -165,3 +165,49 @@ def bench_relay(
             f"{level['server_cpu_ms_per_relay_request']} ms a relayed stream)",
             flush=True,
         )
+
+
+def bench_streams(
+    backend: str,
+    *,
+    pg_url: str,
+    streams: str | None,
+    hold: float,
+    bus: str,
+    redis_url: str,
+    as_json: bool,
+) -> None:
+    """`bullpen bench --scenario streams`: live streams held, delivery latency, memory."""
+    from bullpen.bench.streamsbench import run_streams_bench
+
+    levels = _counts(streams or "500,1000,2000", "--streams")
+    if bus not in ("postgres", "redis"):
+        raise typer.BadParameter("--bus must be postgres or redis")
+    if backend == "sqlite" and bus != "postgres":
+        raise typer.BadParameter("--bus applies to --backend postgres only")
+    if hold <= 0:
+        raise typer.BadParameter("--duration must be > 0")
+    measured = uvloop.run(
+        run_streams_bench(
+            backend,  # type: ignore[arg-type]
+            bus=bus,  # type: ignore[arg-type]
+            redis_url=redis_url,
+            pg_admin_url=pg_url,
+            levels=levels,
+            hold_s=hold,
+            on_step=_stepper(as_json),
+        )
+    )
+    summaries = [level.summary() for level in measured]
+    if as_json:
+        print(json.dumps({"backend": backend, "bus": bus, "levels": summaries}), flush=True)
+        return
+    for s in summaries:
+        print(
+            f"{s['streams']} streams ({s['live']} live): delivery p50 {s['delivery_p50_ms']} ms, "
+            f"p99 {s['delivery_p99_ms']} ms; {s['tokens_per_s']} tokens/s in "
+            f"{s['text_events_per_s']} events/s; RSS API+worker {s['bullpen_rss_mb']} MB "
+            f"{s['rss_mb']}; CPU cores {s['cpu_cores']}; database {s['db_commits_per_s']} "
+            f"commits/s, {s['db_rows_per_s']} rows/s; errors {s['errors']}",
+            flush=True,
+        )

@@ -139,7 +139,11 @@ async def _follow(
             if event is None:
                 yield KEEPALIVE
                 break  # also re-check the store: a safety net for missed wake-ups
-            if event.run_id != run_id or event.seq <= last:
+            if event.run_id != run_id:
+                continue
+            if event.seq <= last:
+                if event.is_end:
+                    return  # a resume from past the end: the end has come
                 continue
             if event.seq != last + 1:
                 break  # a gap: fill it from the store
