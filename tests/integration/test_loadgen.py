@@ -38,7 +38,9 @@ class Fake:
 
 def _event(seq: int, kind: str, data: object, crlf: bool = False) -> bytes:
     nl = "\r\n" if crlf else "\n"
-    return f"id: 1.{seq}{nl}event: {kind}{nl}data: ".encode() + orjson.dumps(data) + (nl * 2).encode()
+    return (
+        f"id: 1.{seq}{nl}event: {kind}{nl}data: ".encode() + orjson.dumps(data) + (nl * 2).encode()
+    )
 
 
 def _app(fake: Fake) -> web.Application:
@@ -88,7 +90,9 @@ def _app(fake: Fake) -> web.Application:
         try:
             seq = 1
             marker = b'event: run\ndata: {"number": 1}\n\n'
-            await resp.write(b": keep-alive\n\n" + marker + _event(seq, "status", {"status": "running"}))
+            await resp.write(
+                b": keep-alive\n\n" + marker + _event(seq, "status", {"status": "running"})
+            )
             deltas = [text[i : i + 7] for i in range(0, len(text), 7)]
             for i, delta in enumerate(deltas):
                 await asyncio.sleep(0.01)

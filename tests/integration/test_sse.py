@@ -14,9 +14,7 @@ from tests.integration.seed import NOW, new_task, workspace_with_agent
 
 def _ids(frames: list[bytes]) -> list[str]:
     return [
-        f.split(b"\n", 1)[0].removeprefix(b"id: ").decode()
-        for f in frames
-        if f.startswith(b"id: ")
+        f.split(b"\n", 1)[0].removeprefix(b"id: ").decode() for f in frames if f.startswith(b"id: ")
     ]
 
 

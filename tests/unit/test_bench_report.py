@@ -238,9 +238,7 @@ def test_live_progress_shows_snapshots() -> None:
 def test_relay_levels_report_the_median_and_99th_percentile_differences() -> None:
     direct = Side(ttft_ms=[float(v) for v in range(1, 101)], total_ms=[100.0] * 100)
     # The relay adds 2 ms to most streams and 40 ms to the slowest two.
-    relay = Side(
-        ttft_ms=[v + 2.0 for v in range(1, 99)] + [139.0, 140.0], total_ms=[102.0] * 100
-    )
+    relay = Side(ttft_ms=[v + 2.0 for v in range(1, 99)] + [139.0, 140.0], total_ms=[102.0] * 100)
     level = Level(200, direct=[direct], relay=[relay])
     summary = level.summary()
     assert summary["ttft_p50_direct_ms"] == 50.0

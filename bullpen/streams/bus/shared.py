@@ -148,11 +148,14 @@ class SharedBus:
             with contextlib.suppress(Exception, TimeoutError):
                 async with asyncio.timeout(2.0):
                     await self._ship()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # Cancel until done: a task can swallow one cancellation (Python 3.11's wait_for,
+        # which redis-py sends its commands through, may return the result instead:
+        # gh-86296). `asyncio.wait` also lets a cancellation of the caller through.
+        pending = set(self._tasks)
+        while pending:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.1)
         await self.transport.close()
 
     async def _send_loop(self) -> None:
