@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     fault_crash_marker: str | None = Field(default=None, min_length=8)
 
     # Event log and streams.
-    coalesce_ms: float = Field(default=25.0, ge=0)
+    coalesce_ms: float = Field(default=10.0, ge=0)
     # How committed events reach live streams in other processes: `auto` is redis when
     # redis_url is set, else postgres (LISTEN/NOTIFY) on PostgreSQL, else memory (one process).
     bus: Literal["auto", "memory", "postgres", "redis"] = "auto"
