@@ -309,6 +309,15 @@ async def _candidates(
     return rows
 
 
+def _among(conn: Connection, column: sa.Column[UUID], ids: list[UUID]) -> sa.ColumnElement[bool]:
+    """`column IN ids`; on PostgreSQL `column = ANY($1)`: one statement text (prepared once)
+    whatever the number of ids, where IN would be a new statement for every count (a worker's
+    fence, lease renewal and cancel poll pass hundreds or thousands of run ids)."""
+    if conn.dialect.name == "postgresql":
+        return column == sa.any_(sa.literal(ids, type_=postgresql.ARRAY(sa.Uuid)))
+    return column.in_(ids)
+
+
 async def renew(
     conn: Connection, *, owner: str, held: list[Held], now: datetime, lease: timedelta
 ) -> list[Held]:
@@ -317,7 +326,9 @@ async def renew(
         return []
     ids = [h.run_id for h in held]
     mine = sa.select(runs.c.id).where(
-        runs.c.id.in_(ids), runs.c.lease_owner == owner, runs.c.status == RunStatus.RUNNING.value
+        _among(conn, runs.c.id, ids),
+        runs.c.lease_owner == owner,
+        runs.c.status == RunStatus.RUNNING.value,
     )
     if conn.dialect.name == "postgresql":  # in id order, so concurrent lockers cannot deadlock
         mine = mine.order_by(runs.c.id).with_for_update()
@@ -339,7 +350,7 @@ async def holders(conn: Connection, run_ids: list[UUID], *, lock: bool = False) 
     if not run_ids:
         return {}
     query = sa.select(runs.c.id, runs.c.attempt).where(
-        runs.c.id.in_(run_ids), runs.c.status == RunStatus.RUNNING.value
+        _among(conn, runs.c.id, run_ids), runs.c.status == RunStatus.RUNNING.value
     )
     if lock and conn.dialect.name == "postgresql":
         query = query.order_by(runs.c.id).with_for_update(read=True)
@@ -351,7 +362,7 @@ async def cancel_requested(conn: Connection, run_ids: list[UUID]) -> list[UUID]:
     if not run_ids:
         return []
     query = sa.select(runs.c.id).where(
-        runs.c.id.in_(run_ids), runs.c.cancel_requested_at.is_not(None)
+        _among(conn, runs.c.id, run_ids), runs.c.cancel_requested_at.is_not(None)
     )
     return [row.id for row in await conn.execute(query)]
 
