@@ -72,3 +72,23 @@ def link(operation_id: str, **parameters: str) -> dict[str, Any]:
 def path_id(noun: str) -> Any:
     """The `{…_id}` path parameter of a `noun`."""
     return Path(description=f"The {noun}'s id (another workspace's is 404)")
+
+
+EVENT_STREAM = {
+    "description": "Server-sent events",
+    "content": {
+        "text/event-stream": {
+            "schema": {
+                "description": "One server-sent event (`data` is JSON; markers have no `id`)",
+                "type": "object",
+                "properties": {
+                    "event": {"type": "string"},
+                    "data": {"type": "string"},
+                    "id": {"type": "string"},
+                },
+                "required": ["event", "data"],
+            }
+        }
+    },
+}
+"""The 200 of an SSE route, as schemathesis checks each event against it."""

@@ -65,7 +65,8 @@ def test_the_printed_curl_line_streams_a_completion(tmp_path: Path) -> None:
             ["bash", "-c", curl_line], capture_output=True, text=True, timeout=60, check=True
         ).stdout
         assert "event: text" in streamed
-        assert streamed.rstrip().endswith('data: {"status":"done"}')
+        assert 'event: end\ndata: {"status":"done"}' in streamed
+        assert streamed.rstrip().endswith('data: {"reason":"task-ended","status":"done"}')
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=20)

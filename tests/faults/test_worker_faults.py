@@ -257,9 +257,9 @@ async def test_a_noisy_neighbour_does_not_stretch_another_workspaces_wait(
     )
     assert got["a_backlog_after"] > 50, "A's flood never exceeded what the worker could run"
     # A's submitter sleeps 1/rate after each insert, so on a loaded machine it reaches about
-    # half its nominal 800 in 5 s (371 once in a full suite run); the backlog above is what
-    # shows the flood outran the worker.
-    assert got["a_submitted"] > 300
+    # half its nominal 800 in 5 s (371, then 247 in full suite runs); the backlog above is
+    # what shows the flood outran the worker.
+    assert got["a_submitted"] > 200
     # TEST-PLAN LO-2's provisional 1.5x, tuned: alone B waits ~4 ms, crowded 3.7-4 ms on an idle
     # machine but up to 20 ms under the full suite's load on 2 cores (CI). FIFO claims gave
     # 1.35 s; the 50 ms floor still fails that by 27x.

@@ -159,7 +159,7 @@ def test_baseline_ref_head_runs_both_servers_alternately() -> None:
         (["--scenario", "create", "--url", "http://x"], "--url applies to --scenario reference"),
         (["--rounds", "2"], "--rounds applies to --scenario create"),
         (["--baseline-ref", "HEAD"], "--baseline-ref applies to --scenario create"),
-        (["--scenario", "nope"], "--scenario must be reference, create, queue or relay"),
+        (["--scenario", "nope"], "--scenario must be reference, create, queue, relay or streams"),
         (["--runs", "10"], "--runs applies to --scenario queue"),
         (["--scenario", "queue", "--rounds", "2"], "--rounds applies to --scenario create"),
         (["--scenario", "queue", "--workers", "x"], "--workers must be a comma-separated"),

@@ -40,7 +40,7 @@ async def get_run(run_id: RunId, principal: Reader, svc: ServicesDep) -> RunPubl
     "/{run_id}/events",
     operation_id="streamRunEvents",
     responses={
-        200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"},
+        200: docs.EVENT_STREAM,
         **docs.problems(*docs.READ, 503),
     },
     response_class=EventStream,

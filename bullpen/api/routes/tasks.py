@@ -245,7 +245,7 @@ async def list_comments(
     "/{task_id}/events",
     operation_id="streamTaskEvents",
     responses={
-        200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"},
+        200: docs.EVENT_STREAM,
         **docs.problems(*docs.READ, 503),
     },
     response_class=EventStream,
