@@ -68,10 +68,13 @@ class TaskCursor:
 
     @classmethod
     def parse(cls, value: str | None) -> TaskCursor:
-        """From a `Last-Event-ID` of `<run>.<seq>` (already checked by the route's pattern)."""
+        """From a `Last-Event-ID` of `<run>.<seq>` or a bare `<seq>` of run 1 (already checked
+        by the route's pattern)."""
         if not value:
             return cls()
-        run, seq = value.split(".", 1)
+        run, dot, seq = value.partition(".")
+        if not dot:  # a bare seq: the form of this stream's ids before runs were numbered
+            return cls(1, int(run))
         return cls(max(1, int(run)), int(seq))
 
 

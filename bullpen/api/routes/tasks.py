@@ -257,11 +257,11 @@ async def task_events(
     principal: Reader,
     svc: ServicesDep,
     last_event_id: Annotated[
-        Annotated[str, StringConstraints(pattern=r"^[0-9]{1,6}\.[0-9]{1,9}$")]
+        Annotated[str, StringConstraints(pattern=r"^([0-9]{1,6}\.)?[0-9]{1,9}$")]
         | SkipJsonSchema[None],
         Header(
             description="Resume after this event id (`<run number>.<seq>`, the `id:` of an "
-            "event of this stream)"
+            "event of this stream; a bare `<seq>`, as this stream's ids once were, means run 1)"
         ),
     ] = None,
 ) -> EventStream:
