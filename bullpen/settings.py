@@ -83,6 +83,17 @@ class Settings(BaseSettings):
     event_retention_days: float = Field(default=30.0, gt=0)
     event_cleanup_batch: int = Field(default=5_000, ge=100)
 
+    # Agents.
+    # Webhook (`http`) agents may not call private, loopback, link-local or otherwise
+    # non-public addresses, nor be redirected to one, unless this allow-list names the target:
+    # comma-separated CIDRs (`10.1.0.0/16`) and host names (`agents.internal`).
+    outbound_allow: str = ""
+    # The executables `process` agents may run: comma-separated absolute paths. Empty: the
+    # `process` adapter is off (it runs commands on the worker's machine).
+    process_allow: str = ""
+    # Routines: how often a scheduler looks for due routines.
+    scheduler_interval_s: float = Field(default=1.0, gt=0)
+
     # Store.
     pool_size: int = Field(default=20, ge=1)
     pool_max_overflow: int = Field(default=10, ge=0)

@@ -14,6 +14,9 @@ class EventKind(StrEnum):
     STATUS = "status"
     TEXT = "text"
     USAGE = "usage"
+    LOG = "log"  # an agent's own output line (a process's stdout/stderr, a webhook's log)
+    TOOL_CALL = "tool_call"  # an `llm` agent called a tool: {step, name, arguments}
+    TOOL_RESULT = "tool_result"  # what the tool returned: {step, name, result}
     ERROR = "error"
     END = "end"
 

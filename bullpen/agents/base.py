@@ -1,0 +1,124 @@
+"""The one interface every agent adapter implements.
+
+An adapter is given the run's context (the run, its task, what its children and blockers
+ended with) and a sink for events; it streams what the agent produces into the sink and
+returns the run's outcome. Failures are raised as `BullpenError` (the worker ends the run
+`failed` with the error's type, or retries it later when the error is transient);
+cancellation arrives as `asyncio.CancelledError` and the adapter must stop everything it
+started (child processes, upstream requests) before letting it propagate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+from uuid import UUID
+
+from bullpen.domain.events import EventKind
+from bullpen.domain.status import RunStatus
+from bullpen.store.runs import ClaimedRun, RunOutcome
+
+
+class Events(Protocol):
+    """Where an adapter writes the run's events (the run's `RunWriter`)."""
+
+    def text(self, delta: str) -> None:
+        """Append model or agent output text (coalesced into `text` events)."""
+
+    def emit(self, kind: EventKind, data: dict[str, Any]) -> None:
+        """Append one structured event (`log`, `tool_call`, `tool_result`, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Related:
+    """A child or blocker of the task, as the task's next run sees it."""
+
+    task_id: UUID
+    key: str  # `KEY-42`
+    title: str
+    agent: str  # the assignee's name
+    status: str  # done | failed | cancelled (only ended ones are reported)
+    result: str | None
+    error: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form sent to webhook agents and shown to models."""
+        return {
+            "task_id": str(self.task_id),
+            "key": self.key,
+            "title": self.title,
+            "agent": self.agent,
+            "status": self.status,
+            "result": self.result,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TaskBrief:
+    """The task a run works on."""
+
+    id: UUID
+    key: str
+    title: str
+    prompt: str
+    parent_id: UUID | None
+    children: tuple[Related, ...] = ()  # ended children, in creation order
+    blockers: tuple[Related, ...] = ()  # ended blockers
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form sent to webhook agents."""
+        return {
+            "id": str(self.id),
+            "key": self.key,
+            "title": self.title,
+            "prompt": self.prompt,
+            "parent_id": None if self.parent_id is None else str(self.parent_id),
+            "children": [c.as_dict() for c in self.children],
+            "blockers": [b.as_dict() for b in self.blockers],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RunContext:
+    """Everything an adapter is given for one delivery of a run."""
+
+    run: ClaimedRun
+    task: TaskBrief
+    agent_name: str
+    events: Events
+    started_at: datetime
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The run context as JSON (what a webhook agent receives)."""
+        return {
+            "run": {"id": str(self.run.id), "attempt": self.run.attempt},
+            "agent": {"id": str(self.run.agent_id), "name": self.agent_name},
+            "workspace_id": str(self.run.workspace_id),
+            "task": self.task.as_dict(),
+        }
+
+
+class Adapter(Protocol):
+    """Runs one delivery of a run for one kind of agent."""
+
+    async def run(self, ctx: RunContext) -> RunOutcome:
+        """Stream the agent's events into `ctx.events`; return the outcome."""
+
+
+def done(result: str | None) -> RunOutcome:
+    """A successful outcome with no provider usage (http and process agents)."""
+    return RunOutcome(
+        status=RunStatus.DONE,
+        result=result,
+        error=None,
+        first_token_at=None,
+        ttft_ms=None,
+        provider=None,
+        model=None,
+        input_tokens=None,
+        output_tokens=None,
+    )
