@@ -115,6 +115,10 @@ agents = sa.Table(
     sa.Column("status", sa.String(16), nullable=False, server_default="active"),
     sa.Column("max_concurrent_runs", sa.Integer, nullable=False, server_default="10"),
     _created(),
+    # The org chart (migration 0006): whom the agent reports to (same workspace, no cycles;
+    # checked by the service), and its standing instructions.
+    sa.Column("reports_to", sa.Uuid, sa.ForeignKey("agents.id", ondelete="SET NULL")),
+    sa.Column("description", sa.Text, nullable=False, server_default=""),
     sa.UniqueConstraint("workspace_id", "name", name="uq_agents_workspace_name"),
     sa.CheckConstraint("status IN ('active', 'paused', 'terminated')", name="status"),
 )
@@ -155,7 +159,13 @@ tasks = sa.Table(
     sa.Column("error", sa.Text),
     _created(),
     sa.Column("updated_at", UTCDateTime, nullable=False),
+    # Task trees (migration 0006): the parent, and for a subtask an agent delegated, the tool
+    # step that created it (`<step>.<call>`), so a retried step never creates it twice.
+    sa.Column("parent_id", sa.Uuid, sa.ForeignKey("tasks.id", ondelete="CASCADE")),
+    sa.Column("origin_key", sa.String(64)),
     sa.UniqueConstraint("workspace_id", "number", name="uq_tasks_workspace_number"),
+    sa.UniqueConstraint("parent_id", "origin_key", name="uq_tasks_parent_origin"),
+    sa.Index("ix_tasks_parent", "parent_id"),
     sa.Index("ix_tasks_workspace_created", "workspace_id", "created_at", "id"),
     sa.Index("ix_tasks_workspace_status_created", "workspace_id", "status", "created_at", "id"),
 )
@@ -170,7 +180,37 @@ task_comments = sa.Table(
     sa.Column("author_id", sa.Uuid),
     sa.Column("body", sa.Text, nullable=False),
     _created(),
+    sa.Column("origin_key", sa.String(64)),  # an agent's tool step (see tasks.origin_key)
     sa.Index("ix_task_comments_task_created", "task_id", "created_at", "id"),
+    sa.UniqueConstraint("task_id", "origin_key", name="uq_task_comments_task_origin"),
+)
+
+# A task waits (`blocked`) until each of its blockers has ended (migration 0006).
+task_blockers = sa.Table(
+    "task_blockers",
+    metadata,
+    sa.Column("task_id", sa.Uuid, sa.ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
+    sa.Column(
+        "blocker_id", sa.Uuid, sa.ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("workspace_id", sa.Uuid, nullable=False),
+    _created(),
+    sa.PrimaryKeyConstraint("task_id", "blocker_id"),
+    sa.Index("ix_task_blockers_blocker", "blocker_id"),
+)
+
+# The completed steps of an `llm` agent's tool loop on a task: the conversation the next
+# delivery (after a crash, or when the task wakes) resumes from (migration 0006).
+task_steps = sa.Table(
+    "task_steps",
+    metadata,
+    sa.Column("task_id", sa.Uuid, sa.ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("step", sa.Integer, nullable=False),
+    sa.Column("run_id", sa.Uuid, sa.ForeignKey("runs.id", ondelete="SET NULL")),
+    sa.Column("messages", JSONType, nullable=False),
+    sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
+    _created(),
+    sa.PrimaryKeyConstraint("task_id", "step"),
 )
 
 runs = sa.Table(
@@ -211,6 +251,14 @@ runs = sa.Table(
         "ix_runs_queue_head", "status", "workspace_id", sa.desc("priority"), "queued_at", "id"
     ),
     sa.Index("ix_runs_status_lease", "status", "lease_expires_at"),
+    # Checkout (migration 0006): at most one queued or running run per task.
+    sa.Index(
+        "uq_runs_task_active",
+        "task_id",
+        unique=True,
+        sqlite_where=sa.text("status IN ('queued', 'running')"),
+        postgresql_where=sa.text("status IN ('queued', 'running')"),
+    ),
 )
 
 run_events = sa.Table(
