@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 from prometheus_client import CollectorRegistry
 
+from bullpen.agents.llm import LlmAdapter
+from bullpen.agents.team import Team
 from bullpen.bench.simprovider import SimConfig, SimulatedProvider
 from bullpen.gateway.breaker import BreakerPolicy, Breakers
 from bullpen.gateway.catalog import Price, Provider, Timeouts
@@ -147,18 +149,23 @@ async def build(
         )
         ledger = await stack.enter_async_context(UsageLedger(store))
         worker: Worker | None = None
+        # Who hears of a run enqueued here (filled below): this process's worker, and the
+        # other processes' through NOTIFY.
+        wakeups: list[Callable[[], None]] = []
+        team = Team(store, clock, _all(wakeups))
         if settings.worker_enabled:
             worker = await stack.enter_async_context(
                 Worker(
                     store,
                     eventlog,
-                    gateway,
+                    {"llm": LlmAdapter(gateway, team)},
+                    team,
                     tuning=worker_tuning(settings),
                     clock=clock,
                     publish=bus.publish,
                 )
             )
-        wakeups: list[Callable[[], None]] = [worker.notify] if worker else []
+            wakeups.append(worker.notify)
         if settings.database_url is not None:  # PostgreSQL: other processes hear of enqueues
             dsn = asyncpg_dsn(settings.database_url)
             notifier = await stack.enter_async_context(Notifier(dsn))

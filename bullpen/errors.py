@@ -21,6 +21,9 @@ BullpenError
     ├── ProviderSpendLimit       402  the provider's quota or spend limit is exhausted
     └── ProviderIncomplete       502  the stream failed after text reached the caller
 ModelNotFound (NotFound)     404  no route or provider model by that name
+AgentStopped              422  an agent's run hit a ceiling (steps, wall time, cost)
+└── AgentLoop                    the agent repeated the same tool call
+AgentTerminated (Conflict)   409  the agent was terminated and takes no tasks
 """
 
 from __future__ import annotations
@@ -227,3 +230,25 @@ class ModelNotFound(NotFound):
 
     slug = "model-not-found"
     title = "Model not found"
+
+
+class AgentStopped(BullpenError):
+    """An agent's run was stopped by one of its ceilings (steps, wall time, cost)."""
+
+    status = 422
+    slug = "agent-limit"
+    title = "Agent stopped at a limit"
+
+
+class AgentLoop(AgentStopped):
+    """An agent repeated the same tool call: a runaway loop, stopped."""
+
+    slug = "agent-loop"
+    title = "Agent loop stopped"
+
+
+class AgentTerminated(Conflict):
+    """The agent was terminated: it takes no tasks."""
+
+    slug = "agent-terminated"
+    title = "Agent terminated"

@@ -1,19 +1,36 @@
-"""The `llm` adapter: one streaming chat completion through the gateway."""
+"""The `llm` adapter: a bounded tool loop over the gateway.
+
+Each step is one streaming chat completion. An answer without tool calls ends the run with its
+text as the result (a plain agent is one call). Tool calls are carried out and recorded as a
+step (see `bullpen.agents.team`), then the loop goes on: `finish` ends the run with its result;
+a `delegate` that waits ends the run with the task `blocked`, and the task's next run resumes
+from the stored steps with what its subtasks ended with. Ceilings on the steps, the wall time
+and the cost of a run, and a loop detector (the same call made `loop_repeats` times on the
+task), stop a runaway with a typed error.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
+import orjson
+
+from bullpen.agents.base import Events, Related, RunContext
+from bullpen.agents.team import Report, StepResult, Team, ToolCall
 from bullpen.domain.events import EventKind
 from bullpen.domain.status import RunStatus
-from bullpen.errors import BullpenError
+from bullpen.errors import AgentLoop, AgentStopped, BullpenError
+from bullpen.gateway.catalog import Target
 from bullpen.gateway.router import Call, Gateway, content_of
-from bullpen.store.runs import ClaimedRun, RunOutcome
-from bullpen.streams.eventlog import RunWriter
+from bullpen.store.runs import RunOutcome
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful agent working on a task for your team."
+MAX_STEPS, MAX_WALL_S, LOOP_REPEATS = 20, 600.0, 3
+_EVENT_ARGS_MAX = 2000  # characters of a tool call's arguments shown in its event
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +41,10 @@ class LlmConfig:
     provider: str | None  # given: `model` is this provider's model, no fallback
     system_prompt: str
     max_tokens: int | None
+    max_steps: int = MAX_STEPS  # tool steps per run
+    max_wall_s: float = MAX_WALL_S  # wall time per run
+    max_cost_usd: float | None = None  # provider cost per run
+    loop_repeats: int = LOOP_REPEATS  # the same tool call this often on a task is a loop
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> LlmConfig:
@@ -35,71 +56,392 @@ class LlmConfig:
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise BullpenError("agent config 'max_tokens' must be a positive integer")
         system = raw.get("system_prompt", DEFAULT_SYSTEM_PROMPT)
-        return cls(model, provider, str(system), max_tokens)
+        return cls(
+            model,
+            provider,
+            str(system),
+            max_tokens,
+            max_steps=_positive(raw, "max_steps", MAX_STEPS, int),
+            max_wall_s=_positive(raw, "max_wall_s", MAX_WALL_S, float),
+            max_cost_usd=_positive(raw, "max_cost_usd", None, float),
+            loop_repeats=_positive(raw, "loop_repeats", LOOP_REPEATS, int),
+        )
 
 
-async def run_llm(run: ClaimedRun, writer: RunWriter, gateway: Gateway) -> RunOutcome:
-    """Stream one completion into the run's events; never raises for provider failures."""
-    call = Call()
-    started_wall = datetime.now(UTC)
-    error: BullpenError | None = None
-    parts: list[str] = []
-    try:
-        config = LlmConfig.parse(run.agent_config)
-        catalog = await gateway.catalogs.catalog(run.workspace_id)
-        chain = catalog.resolve(config.model, config.provider)
-        request: dict[str, Any] = {
-            "messages": [
-                {"role": "system", "content": config.system_prompt},
-                {"role": "user", "content": run.prompt},
-            ]
+def _positive(raw: dict[str, Any], key: str, default: Any, kind: type) -> Any:
+    value = raw.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise BullpenError(f"agent config {key!r} must be a positive number")
+    if kind is int and not float(value).is_integer():
+        raise BullpenError(f"agent config {key!r} must be a whole number")
+    return kind(value)
+
+
+def tool_specs(reports: list[Report]) -> list[dict[str, Any]]:
+    """The tools offered to the model (`delegate` only to an agent with reports)."""
+
+    def spec(name: str, description: str, props: dict[str, Any], required: list[str]) -> Any:
+        return {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": description,
+                "parameters": {
+                    "type": "object",
+                    "properties": props,
+                    "required": required,
+                    "additionalProperties": False,
+                },
+            },
         }
-        if config.max_tokens is not None:
-            request["max_tokens"] = config.max_tokens
-        async for batch in gateway.router.stream(chain, request, call):
+
+    tools = [
+        spec(
+            "comment",
+            "Add a comment to your task (progress, a question, a note for the team).",
+            {"body": {"type": "string"}},
+            ["body"],
+        ),
+        spec(
+            "finish",
+            "End your task with its result.",
+            {"result": {"type": "string"}},
+            ["result"],
+        ),
+    ]
+    if reports:
+        tools.insert(
+            0,
+            spec(
+                "delegate",
+                "Create a subtask for one of your reports. With wait (the default) your task "
+                "pauses and you are woken with the subtasks' results when they have all ended.",
+                {
+                    "agent": {"type": "string", "enum": [r.name for r in reports]},
+                    "prompt": {"type": "string"},
+                    "title": {"type": "string"},
+                    "wait": {"type": "boolean"},
+                },
+                ["agent", "prompt"],
+            ),
+        )
+    return tools
+
+
+def _system(config: LlmConfig, description: str, reports: list[Report]) -> str:
+    parts = [config.system_prompt]
+    if description:
+        parts.append(description)
+    if reports:
+        roster = "\n".join(
+            f"- {r.name}"
+            + (f" ({r.title})" if r.title else "")
+            + (f": {r.description}" if r.description else "")
+            for r in reports
+        )
+        parts.append(f"Your reports, to whom you can delegate subtasks:\n{roster}")
+    return "\n\n".join(parts)
+
+
+def _wake_message(ended: list[Related]) -> dict[str, Any]:
+    lines = [orjson.dumps(item.as_dict()).decode() for item in ended]
+    return {
+        "role": "user",
+        "content": "These subtasks and blockers have ended:\n" + "\n".join(lines),
+        "reported": [str(item.task_id) for item in ended],
+    }
+
+
+def _wire(message: dict[str, Any]) -> dict[str, Any]:
+    """A stored message as the provider gets it (Bullpen's own keys removed)."""
+    return {k: v for k, v in message.items() if k != "reported"}
+
+
+def _signature(call: ToolCall) -> tuple[str, str]:
+    try:
+        canonical = orjson.dumps(orjson.loads(call.arguments), option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONDecodeError:
+        return call.name, call.arguments
+    return call.name, canonical.decode()
+
+
+def _past_calls(messages: list[dict[str, Any]]) -> list[ToolCall]:
+    out = []
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            out.append(
+                ToolCall(
+                    call.get("id", ""), function.get("name", ""), function.get("arguments", "")
+                )
+            )
+    return out
+
+
+@dataclass(slots=True)
+class _Usage:
+    """The provider usage of every call of a run, summed."""
+
+    started: datetime
+    served: Target | None = None
+    model: str | None = None
+    ttft_s: float | None = None
+    input_tokens: int = 0
+    cached_input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, call: Call, offset_s: float) -> None:
+        self.attempts.extend(call.attempts_public())
+        if call.served_by is None:
+            return
+        self.served, self.model = call.served_by, call.model or call.served_by.model
+        if self.ttft_s is None and call.ttft_s is not None:
+            self.ttft_s = offset_s + call.ttft_s
+        self.input_tokens += call.input_tokens
+        self.cached_input_tokens += call.cached_input_tokens
+        self.output_tokens += call.output_tokens
+        if call.cost_usd is not None:
+            self.cost_usd = (self.cost_usd or 0.0) + call.cost_usd
+
+    def outcome(
+        self,
+        error: BullpenError | None,
+        result: str | None,
+        *,
+        waits: bool = False,
+        delivered: bool = False,
+    ) -> RunOutcome:
+        served = self.served is not None
+        return RunOutcome(
+            status=RunStatus.DONE if error is None else RunStatus.FAILED,
+            result=result if error is None else None,
+            error=error.detail if error is not None else None,
+            first_token_at=(
+                self.started + timedelta(seconds=self.ttft_s) if self.ttft_s is not None else None
+            ),
+            ttft_ms=self.ttft_s * 1000 if self.ttft_s is not None else None,
+            provider=self.served.provider.name if self.served is not None else None,
+            model=self.model if served else None,
+            input_tokens=self.input_tokens if served else None,
+            output_tokens=self.output_tokens if served else None,
+            # Retrying is safe only before any text reached the stream.
+            transient=error is not None and error.transient and not delivered,
+            error_code=error.slug if error is not None else None,
+            cost_usd=self.cost_usd,
+            cached_input_tokens=self.cached_input_tokens if served else None,
+            llm_calls=self.attempts or None,
+            waits=waits,
+        )
+
+
+class LlmAdapter:
+    """Runs `llm` agents: the tool loop, over the gateway."""
+
+    def __init__(self, gateway: Gateway, team: Team) -> None:
+        self._gateway = gateway
+        self._team = team
+
+    async def run(self, ctx: RunContext) -> RunOutcome:
+        """Run the loop; provider failures and ceilings end the run `failed`, never raise."""
+        usage = _Usage(ctx.started_at)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        delivered = False
+        try:
+            config = LlmConfig.parse(ctx.run.agent_config)
+            catalog = await self._gateway.catalogs.catalog(ctx.run.workspace_id)
+            chain = catalog.resolve(config.model, config.provider)
+            return await self._loop(ctx, config, chain, usage, began)
+        except _Delivered as stop:
+            delivered, error = True, stop.error
+        except BullpenError as err:
+            error = err
+        ctx.events.emit(
+            EventKind.ERROR, {"message": error.detail, "code": error.slug, "partial": delivered}
+        )
+        return usage.outcome(error, None, delivered=delivered)
+
+    async def _loop(
+        self,
+        ctx: RunContext,
+        config: LlmConfig,
+        chain: tuple[Target, ...],
+        usage: _Usage,
+        began: float,
+    ) -> RunOutcome:
+        run = ctx.run
+        reports = (
+            await self._team.reports(run.workspace_id, run.agent_id) if run.has_reports else []
+        )
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": _system(config, run.agent_description, reports)},
+            {"role": "user", "content": run.prompt},
+        ]
+        history = await self._team.history(run.task_id) if run.steps else []
+        for past in history:
+            messages.extend(past)
+        step = len(history)
+        reported = {item for m in messages for item in m.get("reported", ())}
+        ended = [
+            r for r in (*ctx.task.children, *ctx.task.blockers) if str(r.task_id) not in reported
+        ]
+        pending = [_wake_message(ended)] if ended else []
+        seen = Counter(_signature(call) for call in _past_calls(messages))
+        tools = tool_specs(reports)
+        loop = asyncio.get_running_loop()
+        delivered = False
+        for taken in range(config.max_steps + 1):
+            if taken == config.max_steps:
+                raise _stop(
+                    AgentStopped(f"stopped after {taken} tool steps (max_steps)"), delivered
+                )
+            if config.max_cost_usd is not None and (usage.cost_usd or 0.0) >= config.max_cost_usd:
+                raise _stop(
+                    AgentStopped(
+                        f"stopped at a cost of ${usage.cost_usd:.4f} (max_cost_usd "
+                        f"${config.max_cost_usd:.4f})"
+                    ),
+                    delivered,
+                )
+            left = config.max_wall_s - (loop.time() - began)
+            request: dict[str, Any] = {
+                "messages": [_wire(m) for m in (*messages, *pending)],
+                "tools": tools,
+            }
+            if config.max_tokens is not None:
+                request["max_tokens"] = config.max_tokens
+            call = Call()
+            offset = loop.time() - began
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                async with asyncio.timeout(left):
+                    text, calls = await self._complete(chain, request, call, ctx.events)
+            except TimeoutError:
+                usage.add(call, offset)
+                wall = f"{config.max_wall_s:g}"
+                raise _stop(
+                    AgentStopped(f"stopped after {wall} s of wall time (max_wall_s)"),
+                    delivered or call.delivered,
+                ) from None
+            except BullpenError as err:
+                usage.add(call, offset)
+                raise _stop(err, delivered or call.delivered) from None
+            usage.add(call, offset)
+            delivered = delivered or call.delivered
+            if not calls:
+                return usage.outcome(None, text)
+            for tool_call in calls:
+                signature = _signature(tool_call)
+                seen[signature] += 1
+                if seen[signature] >= config.loop_repeats:
+                    raise _stop(
+                        AgentLoop(
+                            f"stopped a loop: {tool_call.name} was called with the same "
+                            f"arguments {seen[signature]} times"
+                        ),
+                        delivered,
+                    )
+            step += 1
+            assistant = {
+                "role": "assistant",
+                "content": text or None,
+                "tool_calls": [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    }
+                    for c in calls
+                ],
+            }
+            for c in calls:
+                ctx.events.emit(
+                    EventKind.TOOL_CALL,
+                    {
+                        "step": step,
+                        "id": c.id,
+                        "name": c.name,
+                        "arguments": c.arguments[:_EVENT_ARGS_MAX],
+                    },
+                )
+            done: StepResult = await self._team.commit_step(
+                run,
+                step=step,
+                messages=[*pending, assistant],
+                calls=calls,
+                reports=reports,
+                cost_usd=call.cost_usd or 0.0,
+            )
+            for c, result in zip(calls, done.results, strict=True):
+                ctx.events.emit(
+                    EventKind.TOOL_RESULT,
+                    {"step": step, "id": c.id, "name": c.name, "result": result},
+                )
+            messages.extend([*pending, assistant, *done.messages])
+            pending = []
+            if done.finished is not None:
+                return usage.outcome(None, done.finished)
+            if done.waits:
+                return usage.outcome(None, None, waits=True)
+        raise AssertionError("unreachable: the loop returns or raises by max_steps")
+
+    async def _complete(
+        self, chain: tuple[Target, ...], request: dict[str, Any], call: Call, events: Events
+    ) -> tuple[str, list[ToolCall]]:
+        """One streaming completion: its text (streamed into the run) and tool calls."""
+        parts: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        async for batch in self._gateway.router.stream(chain, request, call):
             for chunk in batch:
                 text = content_of(chunk)
                 if text:
                     parts.append(text)
-                    writer.text(text)
-    except BullpenError as err:
-        error = err
-    served = call.served_by
-    if served is not None:
-        writer.emit(
-            EventKind.USAGE,
-            {
-                "provider": served.provider.name,
-                "model": call.model or served.model,
-                "input_tokens": call.input_tokens,
-                "cached_input_tokens": call.cached_input_tokens,
-                "output_tokens": call.output_tokens,
-                "cost_usd": call.cost_usd,
-                "estimated": call.usage_estimated,
-            },
-        )
-    if error is not None:
-        writer.emit(
-            EventKind.ERROR,
-            {"message": error.detail, "code": error.slug, "partial": call.delivered},
-        )
-    first_token_at = (
-        started_wall + timedelta(seconds=call.ttft_s) if call.ttft_s is not None else None
-    )
-    return RunOutcome(
-        status=RunStatus.DONE if error is None else RunStatus.FAILED,
-        result="".join(parts) if error is None else None,
-        error=error.detail if error is not None else None,
-        first_token_at=first_token_at,
-        ttft_ms=call.ttft_s * 1000 if call.ttft_s is not None else None,
-        provider=served.provider.name if served is not None else None,
-        model=(call.model or served.model) if served is not None else None,
-        input_tokens=call.input_tokens if served is not None else None,
-        output_tokens=call.output_tokens if served is not None else None,
-        # Retrying is safe only before any text reached the stream.
-        transient=error is not None and error.transient and not call.delivered,
-        error_code=error.slug if error is not None else None,
-        cost_usd=call.cost_usd,
-        cached_input_tokens=call.cached_input_tokens if served is not None else None,
-        llm_calls=call.attempts_public() or None,
-    )
+                    events.text(text)
+                _collect_tool_calls(chunk, calls)
+        found = [
+            ToolCall(c.get("id") or f"call_{i}", c.get("name", ""), "".join(c["arguments"]))
+            for i, c in sorted(calls.items())
+        ]
+        return "".join(parts), found
+
+
+def _collect_tool_calls(chunk: dict[str, Any], calls: dict[int, dict[str, Any]]) -> None:
+    """Merge a chunk's tool call deltas (by index: id and name once, arguments in pieces)."""
+    choices = chunk.get("choices")
+    if not choices:
+        return
+    delta = choices[0].get("delta")
+    pieces = delta.get("tool_calls") if isinstance(delta, dict) else None
+    if not isinstance(pieces, list):
+        return
+    for piece in pieces:
+        if not isinstance(piece, dict):
+            continue
+        index = piece.get("index", 0)
+        index = index if isinstance(index, int) and not isinstance(index, bool) else 0
+        entry = calls.setdefault(index, {"arguments": []})
+        if isinstance(piece.get("id"), str):
+            entry["id"] = piece["id"]
+        function = piece.get("function")
+        if isinstance(function, dict):
+            if isinstance(function.get("name"), str) and function["name"]:
+                entry["name"] = function["name"]
+            if isinstance(function.get("arguments"), str):
+                entry["arguments"].append(function["arguments"])
+
+
+class _Delivered(Exception):
+    """A failure after text reached the stream: not retried."""
+
+    def __init__(self, error: BullpenError) -> None:
+        super().__init__(error.detail)
+        self.error = error
+
+
+def _stop(error: BullpenError, delivered: bool) -> Exception:
+    return _Delivered(error) if delivered else error

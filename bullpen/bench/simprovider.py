@@ -59,6 +59,7 @@ from bullpen.bench.simrequest import (
     parse_chat,
     read_json,
 )
+from bullpen.bench.simscript import ScriptError, ToolCall, scripted_turn
 
 __all__ = ["SimConfig", "SimulatedProvider", "build_app", "completion_tokens", "serve_forever"]
 
@@ -145,6 +146,12 @@ def completion_tokens(messages: Sequence[Mapping[str, Any]], n: int) -> list[str
     return [word if i == 0 else " " + word for i, word in enumerate(words)]
 
 
+def _words(text: str) -> list[str]:
+    """A scripted text as the tokens it streams in (one per word, spaces kept)."""
+    words = text.split(" ")
+    return [word if i == 0 else " " + word for i, word in enumerate(words)] if text else []
+
+
 def _prompt_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
     # An approximation of a real tokenizer: words plus OpenAI's per-message framing overhead.
     return sum(len((m.get("content") or "").split()) + 3 for m in messages)
@@ -224,7 +231,11 @@ class _StreamFrames:
         self.content_head = head + b'"delta":{"content":'
         self.content_tail = b"}" + tail
 
-    def _chunk(self, delta: dict[str, str], finish_reason: str | None) -> bytes:
+    def delta(self, delta: dict[str, Any]) -> bytes:
+        """Return a chunk carrying `delta` (tool calls)."""
+        return self._chunk(delta, None)
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         chunk = {**self._envelope, "choices": [choice]}
         if self.include_usage:
@@ -309,8 +320,17 @@ class _Simulator:
         fault = self._fault_for(request, chat)
         if fault.refusal is not None:
             return fault.refusal(request)
+        try:
+            turn = scripted_turn(chat.messages)
+        except ScriptError as exc:
+            raise ApiError(400, str(exc), param="messages", code="invalid_sim_script") from exc
+        if turn is not None and turn.tool_calls:
+            return await self._tool_calls(request, started, chat, turn.tool_calls)
         limit = self.config.response_tokens
-        if fault.echo:
+        if turn is not None and turn.text is not None:
+            tokens = _words(turn.text)
+            finish_reason = "stop"
+        elif fault.echo:
             tokens = echo_tokens(request, body)
             finish_reason = "stop"
         else:
@@ -354,6 +374,73 @@ class _Simulator:
             "usage": usage,
         }
         return web.Response(body=orjson.dumps(completion), content_type="application/json")
+
+    async def _tool_calls(
+        self, request: web.Request, started: float, chat: ChatRequest, calls: Sequence[ToolCall]
+    ) -> web.StreamResponse:
+        """Answer with a scripted turn's tool calls (each call's arguments in two pieces)."""
+        completion_id = "chatcmpl-" + secrets.token_hex(12)
+        created = int(time.time())
+        ids = [f"call_{secrets.token_hex(8)}" for _ in calls]
+        n = sum(len(call.arguments) // 4 + 1 for call in calls)
+        prompt = _prompt_tokens(chat.messages)
+        usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+        await _sleep_until(started + self._ttft_s)
+        if not chat.stream:
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments},
+                    }
+                    for call_id, call in zip(ids, calls, strict=True)
+                ],
+            }
+            completion = {
+                "id": completion_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": chat.model,
+                "system_fingerprint": _FINGERPRINT,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": message,
+                        "logprobs": None,
+                        "finish_reason": "tool_calls",
+                    }
+                ],
+                "usage": usage,
+            }
+            return web.Response(body=orjson.dumps(completion), content_type="application/json")
+        frames = _StreamFrames(completion_id, created, chat.model, chat.include_usage)
+        pending = [frames.role()]
+        for index, (call_id, call) in enumerate(zip(ids, calls, strict=True)):
+            head = {"index": index, "id": call_id, "type": "function"}
+            half = len(call.arguments) // 2
+            pending.append(
+                frames.delta(
+                    {"tool_calls": [{**head, "function": {"name": call.name, "arguments": ""}}]}
+                )
+            )
+            for piece in (call.arguments[:half], call.arguments[half:]):
+                pending.append(
+                    frames.delta(
+                        {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+                    )
+                )
+        pending.append(frames.ending(End.FINISH, "tool_calls", usage))
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionResetError):
+            await response.write(b"".join(pending))
+            await response.write_eof()
+        return response
 
     async def _stream(
         self,

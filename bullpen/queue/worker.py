@@ -17,17 +17,17 @@ import os
 import signal
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
 from uuid import UUID
 
-from bullpen.agents.llm import run_llm
+from bullpen.agents.base import Adapter, Related, RunContext, TaskBrief
+from bullpen.agents.team import Team
 from bullpen.domain.events import EventKind, RunEvent
 from bullpen.domain.status import RunStatus
 from bullpen.errors import BullpenError
-from bullpen.gateway.router import Gateway
 from bullpen.store import events as event_store
 from bullpen.store import runs as run_store
 from bullpen.store.base import Connection, Store
@@ -70,7 +70,8 @@ class Worker:
         self,
         store: Store,
         eventlog: EventLog,
-        gateway: Gateway,
+        adapters: Mapping[str, Adapter],
+        team: Team,
         *,
         tuning: WorkerTuning,
         clock: Callable[[], datetime],
@@ -78,7 +79,8 @@ class Worker:
     ) -> None:
         self._store = store
         self._eventlog = eventlog
-        self._gateway = gateway
+        self._adapters = adapters
+        self._team = team
         self._tuning = tuning
         self._clock = clock
         self._publish = publish
@@ -241,6 +243,8 @@ class Worker:
         ended = [event for _, event in redelivered if event is not None]
         if ended:
             self._publish(ended)
+        if any(r.status is not RunStatus.QUEUED for r, _ in redelivered):
+            self._wake.set()  # a run that ended may have woken a task waiting for it
         for r, _ in redelivered:
             if r.status is RunStatus.QUEUED:
                 self.redelivered += 1
@@ -291,9 +295,13 @@ class Worker:
             )
             os.kill(os.getpid(), signal.SIGKILL)
         try:
-            if run.agent_adapter != "llm":
-                raise BullpenError(f"adapter {run.agent_adapter!r} is not available yet")
-            outcome = await run_llm(run, writer, self._gateway)
+            adapter = self._adapters.get(run.agent_adapter)
+            if adapter is None:
+                raise BullpenError(
+                    f"this worker does not run {run.agent_adapter!r} agents "
+                    "(see BULLPEN_PROCESS_ALLOW for `process` agents)"
+                )
+            outcome = await adapter.run(await self._context(run, writer))
         except asyncio.CancelledError:
             why = self._stops.get(run.id)
             if why is None:
@@ -318,9 +326,13 @@ class Worker:
         now = self._clock()
 
         async def change(conn: Connection) -> bool:
-            return await run_store.finish(
-                conn, run_id=run.id, attempt=run.attempt, outcome=outcome, now=now
+            woken: list[UUID] = []
+            finished = await run_store.finish(
+                conn, run_id=run.id, attempt=run.attempt, outcome=outcome, now=now, woken=woken
             )
+            if woken:  # what waited for this task was queued again: claim it now
+                self._store.after_commit(self._wake.set)
+            return finished
 
         try:
             applied = await self._eventlog.commit_final(
@@ -336,6 +348,25 @@ class Worker:
             self.completed += 1
         else:
             log.warning("run %s attempt %s lost its lease; result dropped", run.id, run.attempt)
+
+    async def _context(self, run: ClaimedRun, writer: RunWriter) -> RunContext:
+        children: tuple[Related, ...] = ()
+        blockers: tuple[Related, ...] = ()
+        if run.dependencies:  # only tasks that ever had children or blockers read them
+            kids, blocks = await self._team.related(run.task_id)
+            children, blockers = tuple(kids), tuple(blocks)
+        task = TaskBrief(
+            id=run.task_id,
+            key=run.task_key,
+            title=run.title,
+            prompt=run.prompt,
+            parent_id=run.parent_id,
+            children=children,
+            blockers=blockers,
+        )
+        return RunContext(
+            run=run, task=task, agent_name=run.agent_name, events=writer, started_at=self._clock()
+        )
 
     async def _retry_later(self, run: ClaimedRun, writer: RunWriter, outcome: RunOutcome) -> None:
         """A transient failure: queue the run again after a backoff, or dead-letter it."""

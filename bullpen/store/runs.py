@@ -15,6 +15,7 @@ from sqlalchemy.dialects import postgresql
 
 from bullpen.domain.status import RunStatus, TaskStatus
 from bullpen.store import gateway as gateway_store
+from bullpen.store import workflow
 from bullpen.store.base import Connection
 from bullpen.store.tables import agents, runs, tasks, workspaces
 
@@ -32,6 +33,15 @@ class ClaimedRun:
     prompt: str
     agent_adapter: str
     agent_config: dict[str, Any]
+    title: str = ""
+    task_key: str = ""  # `KEY-42`
+    parent_id: UUID | None = None
+    priority: int = 0
+    agent_name: str = ""
+    agent_description: str = ""
+    dependencies: int = 0  # children waited for and blockers ever attached (0: no tree reads)
+    steps: int = 0  # tool steps an `llm` agent completed on the task (0: nothing to resume)
+    has_reports: bool = False  # someone reports to the agent: it may delegate
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +64,9 @@ class RunOutcome:
     cost_usd: float | None = None
     cached_input_tokens: int | None = None
     llm_calls: list[dict[str, Any]] | None = None  # every provider attempt of the call
+    # The agent delegated and waits: the task is `blocked` until what it waits for has ended
+    # (at once queued again if that already happened), not `done`.
+    waits: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +90,8 @@ class Held:
     run_id: UUID
     attempt: int
 
+
+_reports = agents.alias("reports")
 
 # PostgreSQL: one claimer at a time (per database), so fairness and per-agent caps are exact.
 _CLAIM_LOCK = 0x6270_636C  # "bpcl"
@@ -145,13 +160,26 @@ async def claim(
             runs.c.attempt,
             runs.c.failures,
             tasks.c.prompt,
+            tasks.c.title,
+            tasks.c.number,
+            tasks.c.parent_id,
+            tasks.c.priority,
+            tasks.c.dependencies,
+            tasks.c.steps,
+            workspaces.c.task_key,
             agents.c.adapter,
             agents.c.config,
+            agents.c.name,
+            agents.c.description,
+            sa.exists()
+            .where(_reports.c.reports_to == agents.c.id)
+            .correlate(agents)
+            .label("has_reports"),
         )
         .select_from(
-            runs.join(tasks, tasks.c.id == runs.c.task_id).join(
-                agents, agents.c.id == runs.c.agent_id
-            )
+            runs.join(tasks, tasks.c.id == runs.c.task_id)
+            .join(agents, agents.c.id == runs.c.agent_id)
+            .join(workspaces, workspaces.c.id == runs.c.workspace_id)
         )
         .where(runs.c.id.in_([row.id for row in claimed]))
     )
@@ -167,6 +195,15 @@ async def claim(
             prompt=row.prompt,
             agent_adapter=row.adapter,
             agent_config=dict(row.config),
+            title=row.title,
+            task_key=f"{row.task_key}-{row.number}",
+            parent_id=row.parent_id,
+            priority=row.priority,
+            agent_name=row.name,
+            agent_description=row.description,
+            dependencies=row.dependencies,
+            steps=row.steps,
+            has_reports=bool(row.has_reports),
         )
         for row in details
     ]
@@ -476,6 +513,8 @@ async def fail_deliveries(
         )
         task_status = TaskStatus.QUEUED if status is RunStatus.QUEUED else TaskStatus(status.value)
         await _task_leaves_running(conn, row.task_id, task_status, now, error=error)
+        if status is not RunStatus.QUEUED:
+            await workflow.ended_task(conn, row.task_id, now)
         out.append(Redelivery(h.run_id, row.task_id, row.workspace_id, status, error))
     return out
 
@@ -556,13 +595,25 @@ _FINISH_TASK = (
         error=sa.bindparam("b_error"),
         updated_at=sa.bindparam("b_now", type_=tasks.c.updated_at.type),
     )
+    .returning(tasks.c.parent_id, tasks.c.blocks_parent, tasks.c.dependencies, tasks.c.dependents)
 )
 
 
 async def finish(
-    conn: Connection, *, run_id: UUID, attempt: int, outcome: RunOutcome, now: datetime
+    conn: Connection,
+    *,
+    run_id: UUID,
+    attempt: int,
+    outcome: RunOutcome,
+    now: datetime,
+    woken: list[UUID] | None = None,
 ) -> bool:
-    """Record a run's end and its task's, only if this attempt still holds it."""
+    """Record a run's end and its task's, only if this attempt still holds it.
+
+    A task whose run succeeded while children it waits for or blockers are still open is
+    `blocked` instead of `done`; a task that ended wakes what waited for it (the runs enqueued
+    are added to `woken`).
+    """
     result = await conn.execute(
         _FINISH_RUN,
         {
@@ -607,16 +658,41 @@ async def finish(
                 }
             ],
         )
-    await conn.execute(
-        _FINISH_TASK,
-        {
-            "b_task_id": task_id,
-            "b_status": TaskStatus(outcome.status.value).value,
-            "b_result": outcome.result,
-            "b_error": outcome.error,
-            "b_now": now,
-        },
-    )
+    tree = (
+        await conn.execute(
+            _FINISH_TASK,
+            {
+                "b_task_id": task_id,
+                "b_status": TaskStatus(outcome.status.value).value,
+                "b_result": outcome.result,
+                "b_error": outcome.error,
+                "b_now": now,
+            },
+        )
+    ).one()
+    if outcome.status is RunStatus.DONE and (outcome.waits or tree.dependencies):
+        if outcome.waits or await workflow.open_dependencies(conn, task_id):
+            await conn.execute(
+                tasks.update()
+                .where(tasks.c.id == task_id)
+                .values(status=TaskStatus.BLOCKED.value, updated_at=now)
+            )
+            # What it waits for may have ended already: then it wakes now.
+            run = await workflow.wake(conn, task_id, now)
+            if run is not None and woken is not None:
+                woken.append(run)
+            return True
+    if tree.parent_id is not None or tree.dependents:
+        enqueued = await workflow.ended(
+            conn,
+            parent_id=tree.parent_id,
+            blocks_parent=tree.blocks_parent,
+            dependents=tree.dependents,
+            task_id=task_id,
+            now=now,
+        )
+        if woken is not None:
+            woken.extend(enqueued)
     return True
 
 

@@ -76,6 +76,40 @@ async def next_task_number(conn: Connection, workspace_id: UUID) -> tuple[int, s
     return int(row.task_counter), str(row.task_key)
 
 
+def _new_task(
+    workspace_id: UUID,
+    agent_id: UUID,
+    title: str,
+    prompt: str,
+    status: TaskStatus,
+    now: datetime,
+    fields: dict[str, Any],
+) -> dict[str, Any]:
+    """Every column of a new task but its number."""
+    return {
+        "id": uuid.uuid4(),
+        "workspace_id": workspace_id,
+        "title": title,
+        "prompt": prompt,
+        "agent_id": agent_id,
+        "creator_user_id": fields.get("creator_user_id"),
+        "creator_key_id": fields.get("creator_key_id"),
+        "status": status.value,
+        "priority": fields.get("priority", 0),
+        "labels": fields.get("labels") or [],
+        "result": None,
+        "error": None,
+        "created_at": now,
+        "updated_at": now,
+        "parent_id": fields.get("parent_id"),
+        "origin_key": fields.get("origin_key"),
+        "blocks_parent": fields.get("blocks_parent", True),
+        "dependencies": 0,
+        "dependents": 0,
+        "steps": 0,
+    }
+
+
 async def insert_task_with_run(
     conn: Connection,
     *,
@@ -83,30 +117,16 @@ async def insert_task_with_run(
     agent_id: UUID,
     title: str,
     prompt: str,
-    creator_user_id: UUID | None,
-    creator_key_id: UUID | None,
     now: datetime,
-    priority: int = 0,
-    labels: list[str] | None = None,
+    **fields: Any,
 ) -> tuple[SimpleNamespace, SimpleNamespace]:
-    """Create a queued task and its queued run; returns both as stored (no read-back)."""
-    task: dict[str, Any] = {
-        "id": uuid.uuid4(),
-        "workspace_id": workspace_id,
-        "title": title,
-        "prompt": prompt,
-        "agent_id": agent_id,
-        "creator_user_id": creator_user_id,
-        "creator_key_id": creator_key_id,
-        "status": TaskStatus.QUEUED.value,
-        "priority": priority,
-        "labels": labels or [],
-        "result": None,
-        "error": None,
-        "created_at": now,
-        "updated_at": now,
-    }
-    run = _queued_run(task["id"], workspace_id, agent_id, now, priority)
+    """Create a queued task and its queued run; returns both as stored (no read-back).
+
+    `fields`: creator_user_id, creator_key_id, priority, labels, parent_id, origin_key (the
+    tool step that created a subtask), blocks_parent (whether the parent waits for it).
+    """
+    task = _new_task(workspace_id, agent_id, title, prompt, TaskStatus.QUEUED, now, fields)
+    run = _queued_run(task["id"], workspace_id, agent_id, now, task["priority"])
     if conn.dialect.name == "postgresql":
         params = {f"task_{k}": v for k, v in task.items()}
         params.update({f"run_{k}": v for k, v in run.items()})
@@ -117,6 +137,23 @@ async def insert_task_with_run(
         await conn.execute(_INSERT_TASK, {**task, "number": number})
         await conn.execute(_INSERT_RUN, run)
     return SimpleNamespace(**task, number=number, task_key=task_key), _stored_run(run)
+
+
+async def insert_blocked_task(
+    conn: Connection,
+    *,
+    workspace_id: UUID,
+    agent_id: UUID,
+    title: str,
+    prompt: str,
+    now: datetime,
+    **fields: Any,
+) -> SimpleNamespace:
+    """Create a `blocked` task, without a run: it is queued when its blockers have ended."""
+    task = _new_task(workspace_id, agent_id, title, prompt, TaskStatus.BLOCKED, now, fields)
+    number, task_key = await next_task_number(conn, workspace_id)
+    await conn.execute(_INSERT_TASK, {**task, "number": number})
+    return SimpleNamespace(**task, number=number, task_key=task_key)
 
 
 async def insert_run(
@@ -206,6 +243,7 @@ async def add_comment(
     author_id: UUID | None,
     body: str,
     now: datetime,
+    origin_key: str | None = None,
 ) -> SimpleNamespace:
     """Append a comment to a task; returns it as stored."""
     row = {
@@ -216,6 +254,7 @@ async def add_comment(
         "author_id": author_id,
         "body": body,
         "created_at": now,
+        "origin_key": origin_key,
     }
     await conn.execute(task_comments.insert().values(**row))
     return SimpleNamespace(**row)

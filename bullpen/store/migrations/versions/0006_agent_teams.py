@@ -30,9 +30,17 @@ def upgrade() -> None:
         batch_op.create_foreign_key(
             "fk_agents_reports_to_agents", "agents", ["reports_to"], ["id"], ondelete="SET NULL"
         )
+        batch_op.create_index("ix_agents_reports_to", ["reports_to"], unique=False)
     with op.batch_alter_table("tasks", schema=None) as batch_op:
         batch_op.add_column(sa.Column("parent_id", sa.Uuid(), nullable=True))
         batch_op.add_column(sa.Column("origin_key", sa.String(64), nullable=True))
+        batch_op.add_column(
+            sa.Column("blocks_parent", sa.Boolean(), server_default=sa.true(), nullable=False)
+        )
+        for counter in ("dependencies", "dependents", "steps"):
+            batch_op.add_column(
+                sa.Column(counter, sa.Integer(), server_default="0", nullable=False)
+            )
         batch_op.create_foreign_key(
             "fk_tasks_parent_id_tasks", "tasks", ["parent_id"], ["id"], ondelete="CASCADE"
         )
@@ -90,9 +98,11 @@ def downgrade() -> None:
         batch_op.drop_index("ix_tasks_parent")
         batch_op.drop_constraint("uq_tasks_parent_origin", type_="unique")
         batch_op.drop_constraint("fk_tasks_parent_id_tasks", type_="foreignkey")
-        batch_op.drop_column("origin_key")
+        for column in ("steps", "dependents", "dependencies", "blocks_parent", "origin_key"):
+            batch_op.drop_column(column)
         batch_op.drop_column("parent_id")
     with op.batch_alter_table("agents", schema=None) as batch_op:
+        batch_op.drop_index("ix_agents_reports_to")
         batch_op.drop_constraint("fk_agents_reports_to_agents", type_="foreignkey")
         batch_op.drop_column("description")
         batch_op.drop_column("reports_to")

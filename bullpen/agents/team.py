@@ -1,0 +1,236 @@
+"""What an `llm` agent's tools do to the store: delegate, comment, finish; and its steps.
+
+A tool step (the model's tool calls and their results) commits in one transaction with its
+effects, fenced by the run's attempt: a delivery that lost its lease writes nothing. Effects are
+keyed by (task, step, call), so a step delivered again after a crash finds the subtask or
+comment it created before and never creates a second one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import orjson
+import sqlalchemy as sa
+
+from bullpen.agents.base import Related
+from bullpen.errors import Conflict
+from bullpen.store import runs as run_store
+from bullpen.store import workflow
+from bullpen.store.base import Store
+from bullpen.store.runs import ClaimedRun
+from bullpen.store.tables import agents
+
+TITLE_MAX = 200
+PROMPT_MAX = 100_000
+COMMENT_MAX = 20_000
+RESULT_MAX = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """An agent that reports to the one running."""
+
+    id: UUID
+    name: str
+    title: str
+    description: str
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One call the model made in a step."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What a committed step did."""
+
+    results: list[str]  # one tool result per call, in order
+    messages: list[dict[str, Any]]  # the `tool` messages that carry them to the model
+    finished: str | None  # the `finish` result, if the step called it
+    waits: bool  # a `delegate` asked to wait for its subtask
+
+
+def _args(call: ToolCall) -> dict[str, Any]:
+    try:
+        parsed = orjson.loads(call.arguments or "{}")
+    except orjson.JSONDecodeError as exc:
+        raise _ToolError(f"the arguments are not JSON ({exc})") from exc
+    if not isinstance(parsed, dict):
+        raise _ToolError("the arguments must be a JSON object")
+    return parsed
+
+
+def _text(args: dict[str, Any], key: str, limit: int, *, required: bool = True) -> str | None:
+    value = args.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise _ToolError(f"'{key}' must be a non-empty string")
+    if len(value) > limit:
+        raise _ToolError(f"'{key}' is longer than {limit} characters")
+    return value
+
+
+class _ToolError(Exception):
+    """A tool call the model got wrong: its result tells the model why."""
+
+
+class Team:
+    """The store side of the tool loop."""
+
+    def __init__(
+        self, store: Store, clock: Callable[[], datetime], on_enqueued: Callable[[], None]
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._on_enqueued = on_enqueued
+
+    async def reports(self, workspace_id: UUID, agent_id: UUID) -> list[Report]:
+        """The agents reporting to `agent_id`, by name."""
+        async with self._store.read() as conn:
+            rows = await conn.execute(
+                sa.select(
+                    agents.c.id,
+                    agents.c.name,
+                    agents.c.title,
+                    agents.c.description,
+                    agents.c.status,
+                )
+                .where(agents.c.workspace_id == workspace_id, agents.c.reports_to == agent_id)
+                .order_by(agents.c.name)
+            )
+            return [Report(r.id, r.name, r.title, r.description, r.status) for r in rows]
+
+    async def history(self, task_id: UUID) -> list[list[dict[str, Any]]]:
+        """The task's completed tool steps, oldest first."""
+        async with self._store.read() as conn:
+            return await workflow.steps(conn, task_id)
+
+    async def related(self, task_id: UUID) -> tuple[list[Related], list[Related]]:
+        """The task's ended children (those it waits for) and ended blockers."""
+        async with self._store.read() as conn:
+            kids = await workflow.children(conn, task_id)
+            blocks = await workflow.blockers(conn, task_id)
+        ended = {"done", "failed", "cancelled"}
+        return (
+            [_related(row) for row in kids if row.blocks_parent and row.status in ended],
+            [_related(row) for row in blocks if row.status in ended],
+        )
+
+    async def commit_step(
+        self,
+        run: ClaimedRun,
+        *,
+        step: int,
+        messages: list[dict[str, Any]],
+        calls: list[ToolCall],
+        reports: list[Report],
+        cost_usd: float,
+    ) -> StepResult:
+        """Carry out a step's tool calls and record the step, in one fenced transaction."""
+        now = self._clock()
+        by_name = {report.name: report for report in reports}
+        results: list[str] = []
+        finished: str | None = None
+        waits = created = False
+        async with self._store.write() as conn:
+            held = await run_store.holders(conn, [run.id], lock=True)
+            if held.get(run.id) != run.attempt:
+                raise Conflict("the run's lease moved on; this delivery stops")
+            for index, call in enumerate(calls):
+                key = f"{step}.{index}"
+                try:
+                    args = _args(call)
+                    if call.name == "delegate":
+                        report = by_name.get(str(args.get("agent")))
+                        if report is None:
+                            names = ", ".join(sorted(by_name)) or "nobody"
+                            raise _ToolError(f"'agent' must be one of your reports: {names}")
+                        if report.status != "active":
+                            raise _ToolError(f"{report.name} is {report.status}")
+                        prompt = _text(args, "prompt", PROMPT_MAX)
+                        assert prompt is not None
+                        title = (
+                            _text(args, "title", TITLE_MAX, required=False)
+                            or (prompt.strip().splitlines()[0][:TITLE_MAX])
+                        )
+                        wait = args.get("wait", True)
+                        if not isinstance(wait, bool):
+                            raise _ToolError("'wait' must be true or false")
+                        child, new = await workflow.delegate(
+                            conn,
+                            workspace_id=run.workspace_id,
+                            parent_id=run.task_id,
+                            agent_id=report.id,
+                            title=title,
+                            prompt=prompt,
+                            priority=run.priority,
+                            origin_key=key,
+                            wait=wait,
+                            now=now,
+                        )
+                        created |= new
+                        waits |= wait
+                        results.append(
+                            f"created {child.task_key}-{child.number} for {report.name}"
+                            + (" (you will be woken when it ends)" if wait else "")
+                        )
+                    elif call.name == "comment":
+                        body = _text(args, "body", COMMENT_MAX)
+                        assert body is not None
+                        await workflow.comment_once(
+                            conn,
+                            workspace_id=run.workspace_id,
+                            task_id=run.task_id,
+                            agent_id=run.agent_id,
+                            body=body,
+                            origin_key=key,
+                            now=now,
+                        )
+                        results.append("comment added")
+                    elif call.name == "finish":
+                        finished = _text(args, "result", RESULT_MAX)
+                        results.append("finished")
+                    else:
+                        raise _ToolError(f"there is no tool named {call.name!r}")
+                except _ToolError as err:
+                    results.append(f"error: {err}")
+            tool_messages = [
+                {"role": "tool", "tool_call_id": call.id, "content": result}
+                for call, result in zip(calls, results, strict=True)
+            ]
+            await workflow.store_step(
+                conn,
+                task_id=run.task_id,
+                step=step,
+                run_id=run.id,
+                messages=[*messages, *tool_messages],
+                cost_usd=cost_usd,
+                now=now,
+            )
+            if created:
+                self._store.after_commit(self._on_enqueued)
+        return StepResult(results, tool_messages, finished, waits and finished is None)
+
+
+def _related(row: Any) -> Related:
+    return Related(
+        task_id=row.id,
+        key=f"{row.task_key}-{row.number}",
+        title=row.title,
+        agent=row.agent,
+        status=row.status,
+        result=row.result,
+        error=row.error,
+    )
