@@ -8,6 +8,8 @@ from uuid import UUID
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
+from bullpen.store.workflow import MAX_BLOCKERS
+
 PROMPT_MIN = 10
 PROMPT_MAX = 2000
 TITLE_MAX = 200
@@ -76,6 +78,18 @@ class TaskCreate(BaseModel):
     title: Title | None = Field(default=None, description="Defaults to the prompt's first line.")
     priority: Priority = Field(default=0, description="Higher runs first.")
     labels: Labels = Field(default_factory=list)
+    parent_id: UUID | None = Field(
+        default=None,
+        description="Make it a subtask of this task (of the workspace, not ended); a parent "
+        "that has to wait for its subtasks is `blocked` until they have all ended.",
+    )
+    blocked_by: list[UUID] = Field(
+        default_factory=list,
+        max_length=MAX_BLOCKERS,
+        description="Tasks that must end first: the task is `blocked`, with no run, until "
+        "each has ended (done, failed or cancelled); what they ended with is in its next "
+        "run's context.",
+    )
 
 
 class TaskUpdate(Strict):
@@ -203,6 +217,7 @@ class TaskPublic(BaseModel):
     error: str | None
     created_at: datetime
     updated_at: datetime
+    parent_id: UUID | None = Field(description="The parent task of a subtask.")
     run: RunPublic | None
 
     @classmethod
@@ -221,8 +236,41 @@ class TaskPublic(BaseModel):
             error=task.error,
             created_at=task.created_at,
             updated_at=task.updated_at,
+            parent_id=task.parent_id,
             run=RunPublic.from_row(run) if run is not None else None,
         )
+
+
+class TaskRef(BaseModel):
+    """A child or blocker of a task."""
+
+    id: UUID
+    number: str = Field(examples=["BP-43"])
+    title: str
+    agent: str = Field(description="The assignee's name.")
+    status: str
+    result: str | None
+    error: str | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> TaskRef:
+        """Build from a row of `store.workflow.children` or `blockers`."""
+        return cls(
+            id=row.id,
+            number=f"{row.task_key}-{row.number}",
+            title=row.title,
+            agent=row.agent,
+            status=row.status,
+            result=row.result,
+            error=row.error,
+        )
+
+
+class TaskDependencies(BaseModel):
+    """What a task waits for: its subtasks and its blockers."""
+
+    children: list[TaskRef]
+    blockers: list[TaskRef]
 
 
 class RunList(BaseModel):

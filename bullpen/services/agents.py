@@ -1,7 +1,10 @@
-"""Agent use cases: create, change, pause, delete, read.
+"""Agent use cases: create, change, pause, resume, terminate, delete, read, the org chart.
 
 Every change commits with its audit event in one transaction. An agent with tasks cannot be
-deleted (their history refers to it): it is paused instead.
+deleted (their history refers to it): it is paused or terminated instead. The org chart
+(`reports_to`) stays a forest within one workspace: a change that would make a cycle is refused,
+and on PostgreSQL org chart changes of a workspace are serialised so two concurrent ones cannot
+make a cycle together.
 """
 
 from __future__ import annotations
@@ -11,14 +14,16 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import sqlalchemy as sa
+
 from bullpen.domain.access import Permission, need
 from bullpen.domain.principal import Principal
-from bullpen.errors import Conflict, InvalidInput, NotFound
+from bullpen.errors import AgentTerminated, Conflict, InvalidInput, NotFound
 from bullpen.store import agents as agent_store
 from bullpen.store import audit
 from bullpen.store.base import Connection, Store
 
-ADAPTERS = frozenset({"llm"})
+ADAPTERS = frozenset({"llm", "http", "process"})
 SETTABLE_STATUSES = frozenset({"active", "paused"})
 TERMINATED = "terminated"
 
@@ -59,12 +64,15 @@ class AgentService:
         config: dict[str, Any],
         max_concurrent_runs: int = 10,
         status: str = "active",
+        description: str = "",
+        reports_to: UUID | None = None,
     ) -> Any:
         """Create an agent; a name already used in the workspace is Conflict."""
         need(principal, Permission.AGENTS_WRITE)
         _check(adapter, status)
         now = self._clock()
         async with self._store.write() as conn:
+            await self._check_manager(conn, principal, None, reports_to)
             agent_id = await agent_store.create_agent(
                 conn,
                 workspace_id=principal.workspace_id,
@@ -75,6 +83,8 @@ class AgentService:
                 now=now,
                 status=status,
                 max_concurrent_runs=max_concurrent_runs,
+                description=description,
+                reports_to=reports_to,
             )
             await audit.record_by(
                 conn,
@@ -90,6 +100,8 @@ class AgentService:
                     "config": config,
                     "status": status,
                     "max_concurrent_runs": max_concurrent_runs,
+                    "description": description,
+                    "reports_to": None if reports_to is None else str(reports_to),
                 },
             )
             return await self._agent(conn, principal, agent_id)
@@ -105,9 +117,11 @@ class AgentService:
             before = await self._agent(conn, principal, agent_id)
             changed = {k: v for k, v in changes.items() if getattr(before, k) != v}
             if "status" in changed and before.status == TERMINATED:
-                raise Conflict("a terminated agent cannot be reactivated or paused")
+                raise AgentTerminated("a terminated agent cannot be reactivated or paused")
             if not changed:
                 return before
+            if "reports_to" in changed:
+                await self._check_manager(conn, principal, agent_id, changed["reports_to"])
             await agent_store.update_agent(conn, principal.workspace_id, agent_id, changed)
             await audit.record_by(
                 conn,
@@ -116,9 +130,67 @@ class AgentService:
                 "agent",
                 agent_id,
                 now,
-                {"before": {k: getattr(before, k) for k in changed}, "after": changed},
+                {
+                    "before": {k: _plain(getattr(before, k)) for k in changed},
+                    "after": {k: _plain(v) for k, v in changed.items()},
+                },
             )
             return await self._agent(conn, principal, agent_id)
+
+    async def set_status(self, principal: Principal, agent_id: UUID, status: str) -> Any:
+        """Pause (no new claims; running runs finish), resume, or terminate an agent.
+
+        Setting the status it has is a no-op; a terminated agent stays terminated. Terminating
+        does not cancel the agent's tasks by itself: `TaskService.cancel_open_of_agent` does.
+        """
+        need(principal, Permission.AGENTS_WRITE)
+        now = self._clock()
+        async with self._store.write() as conn:
+            before = await self._agent(conn, principal, agent_id)
+            if before.status == status:
+                return before
+            if before.status == TERMINATED:
+                raise AgentTerminated(f"agent {before.name!r} is terminated")
+            await agent_store.update_agent(
+                conn, principal.workspace_id, agent_id, {"status": status}
+            )
+            action = {"active": "agent.resume", "paused": "agent.pause"}.get(
+                status, "agent.terminate"
+            )
+            await audit.record_by(
+                conn,
+                principal,
+                action,
+                "agent",
+                agent_id,
+                now,
+                {"before": {"status": before.status}, "after": {"status": status}},
+            )
+            return await self._agent(conn, principal, agent_id)
+
+    async def _check_manager(
+        self, conn: Connection, principal: Principal, agent_id: UUID | None, manager: UUID | None
+    ) -> None:
+        """`manager` may be `agent_id`'s manager: in the workspace, not itself, no cycle."""
+        if manager is None:
+            return
+        if conn.dialect.name == "postgresql":  # one org chart change per workspace at a time
+            key = principal.workspace_id.int & 0x7FFF_FFFF_FFFF_FFFF
+            await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
+        if manager == agent_id:
+            raise InvalidInput("an agent cannot report to itself")
+        found = await agent_store.get_agent(conn, principal.workspace_id, manager)
+        if found is None:
+            raise InvalidInput("reports_to: no such agent in this workspace")
+        if found.status == TERMINATED:
+            raise InvalidInput(f"reports_to: agent {found.name!r} is terminated")
+        if agent_id is not None and agent_id in await agent_store.managers(
+            conn, principal.workspace_id, manager
+        ):
+            raise Conflict(
+                f"reporting to {found.name!r} would make a cycle: it already reports, "
+                "directly or not, to this agent"
+            )
 
     async def delete(self, principal: Principal, agent_id: UUID) -> None:
         """Delete an agent without tasks (its API keys go with it); else Conflict."""
@@ -147,3 +219,8 @@ class AgentService:
         if agent is None:
             raise NotFound("no such agent")
         return agent
+
+
+def _plain(value: Any) -> Any:
+    """A value as JSON holds it (UUIDs as strings) for the audit log."""
+    return str(value) if isinstance(value, UUID) else value

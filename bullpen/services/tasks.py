@@ -6,6 +6,7 @@ Every change commits with its audit event in one transaction.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -15,10 +16,17 @@ from uuid import UUID
 from bullpen.domain.access import Permission, need
 from bullpen.domain.events import EventKind, RunEvent
 from bullpen.domain.principal import Principal
-from bullpen.domain.status import RunStatus, TaskStatus, task_can_move
-from bullpen.errors import Conflict, Forbidden, NotFound, RateLimited
+from bullpen.domain.status import TERMINAL_TASK, RunStatus, TaskStatus, task_can_move
+from bullpen.errors import (
+    AgentTerminated,
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    RateLimited,
+)
 from bullpen.store import agents as agent_store
-from bullpen.store import audit
+from bullpen.store import audit, workflow
 from bullpen.store import events as event_store
 from bullpen.store import runs as run_store
 from bullpen.store import tasks as task_store
@@ -26,6 +34,7 @@ from bullpen.store.base import Connection, Store
 from bullpen.store.paging import Page
 
 TITLE_CHARS = 80
+_ENDED = frozenset(status.value for status in TERMINAL_TASK)
 
 
 def title_from_prompt(prompt: str) -> str:
@@ -66,29 +75,55 @@ class TaskService:
         title: str | None = None,
         priority: int = 0,
         labels: list[str] | None = None,
+        parent_id: UUID | None = None,
+        blocked_by: list[UUID] | None = None,
     ) -> tuple[Any, Any]:
-        """Create a task and enqueue its run in one transaction; returns the stored task."""
+        """Create a task and enqueue its run in one transaction; returns the stored task.
+
+        With `blocked_by`, the task waits (`blocked`, no run yet) until each of those tasks has
+        ended; with `parent_id` it is a subtask, and a parent that is `blocked` waits for it too.
+        """
         need(principal, Permission.TASKS_WRITE)
         now = self._clock()
         async with self._store.write() as conn:
             agent = await agent_store.get_agent(conn, principal.workspace_id, agent_id)
             if agent is None:
                 raise NotFound("no such agent in this workspace")
+            if agent.status == "terminated":
+                raise AgentTerminated(f"agent {agent.name!r} is terminated and takes no tasks")
             if agent.status != "active":
                 raise Conflict(f"agent {agent.name!r} is {agent.status}")
+            if parent_id is not None:
+                parent = await task_store.get_task(conn, principal.workspace_id, parent_id)
+                if parent is None:
+                    raise InvalidInput("parent_id: no such task in this workspace")
+                if parent.status in _ENDED:
+                    raise Conflict(f"the parent task has ended ({parent.status})")
             await self._check_backlog(conn, principal.workspace_id)
-            task, run = await task_store.insert_task_with_run(
-                conn,
-                workspace_id=principal.workspace_id,
-                agent_id=agent_id,
-                title=title or title_from_prompt(prompt),
-                prompt=prompt,
-                creator_user_id=principal.user_id,
-                creator_key_id=principal.api_key_id,
-                now=now,
-                priority=priority,
-                labels=labels,
-            )
+            fields: dict[str, Any] = {
+                "creator_user_id": principal.user_id,
+                "creator_key_id": principal.api_key_id,
+                "priority": priority,
+                "labels": labels,
+                "parent_id": parent_id,
+            }
+            common: dict[str, Any] = {
+                "workspace_id": principal.workspace_id,
+                "agent_id": agent_id,
+                "title": title or title_from_prompt(prompt),
+                "prompt": prompt,
+                "now": now,
+            }
+            run: Any = None
+            if blocked_by:
+                task = await task_store.insert_blocked_task(conn, **common, **fields)
+                await workflow.add_blockers(conn, principal.workspace_id, task.id, blocked_by, now)
+                if await workflow.wake(conn, task.id, now) is not None:  # all had ended
+                    task.status = TaskStatus.QUEUED.value
+            else:
+                task, run = await task_store.insert_task_with_run(conn, **common, **fields)
+            if parent_id is not None:
+                await workflow.count_child(conn, parent_id)
             await audit.record_by(
                 conn,
                 principal,
@@ -96,10 +131,35 @@ class TaskService:
                 "task",
                 task.id,
                 now,
-                {"agent_id": str(agent_id), "run_id": str(run.id)},
+                {
+                    "agent_id": str(agent_id),
+                    "run_id": None if run is None else str(run.id),
+                    "parent_id": None if parent_id is None else str(parent_id),
+                    "blocked_by": [str(b) for b in blocked_by or []],
+                },
             )
-            self._store.after_commit(self._on_enqueued)
+            if task.status == TaskStatus.QUEUED.value:
+                self._store.after_commit(self._on_enqueued)
+        if run is None:
+            return await self.get(principal, task.id)
         return task, run
+
+    async def dependencies(
+        self, principal: Principal, task_id: UUID
+    ) -> tuple[list[Any], list[Any]]:
+        """A task's children and blockers, with their assignees' names."""
+        async with self._store.read() as conn:
+            await self._task(conn, principal, task_id)
+            return await workflow.children(conn, task_id), await workflow.blockers(conn, task_id)
+
+    async def cancel_open_of_agent(self, principal: Principal, agent_id: UUID) -> int:
+        """Cancel every task of the agent that has not ended (a terminated agent's)."""
+        async with self._store.read() as conn:
+            open_ids = await agent_store.open_tasks(conn, agent_id)
+        for task_id in open_ids:
+            with contextlib.suppress(Conflict):  # it ended meanwhile
+                await self.cancel(principal, task_id)
+        return len(open_ids)
 
     async def get(self, principal: Principal, task_id: UUID) -> tuple[Any, Any]:
         """The task and its latest run; another workspace's task is NotFound."""
@@ -198,6 +258,8 @@ class TaskService:
                 conn, task_id, TaskStatus.CANCELLED, now, error="cancelled on request"
             ):
                 raise Conflict("the task changed state meanwhile; fetch it and retry")
+            if await workflow.ended_task(conn, task_id, now):
+                self._store.after_commit(self._on_enqueued)
             await audit.record_by(conn, principal, "task.cancel", "task", task_id, now)
             if ended is not None:
                 self._store.after_commit(lambda: self._publish([ended]))

@@ -14,11 +14,16 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy import exc
 
+from bullpen.domain.status import TERMINAL_TASK
 from bullpen.errors import Conflict
 from bullpen.store.base import Connection
 from bullpen.store.tables import agents, tasks
 
-UPDATABLE = frozenset({"name", "title", "config", "status", "max_concurrent_runs"})
+UPDATABLE = frozenset(
+    {"name", "title", "description", "config", "status", "max_concurrent_runs", "reports_to"}
+)
+# How far up the org chart a new manager is followed when checking for a cycle.
+CHAIN_MAX = 1000
 
 
 async def create_agent(
@@ -32,6 +37,8 @@ async def create_agent(
     now: datetime,
     status: str = "active",
     max_concurrent_runs: int = 10,
+    description: str = "",
+    reports_to: UUID | None = None,
 ) -> UUID:
     """Insert an agent and return its id; a taken name is Conflict."""
     agent_id = uuid.uuid4()
@@ -46,6 +53,8 @@ async def create_agent(
                 config=config,
                 status=status,
                 max_concurrent_runs=max_concurrent_runs,
+                description=description,
+                reports_to=reports_to,
                 created_at=now,
             )
         )
@@ -106,3 +115,38 @@ async def delete_agent(conn: Connection, workspace_id: UUID, agent_id: UUID) -> 
     except exc.IntegrityError as err:
         raise Conflict("the agent has tasks; pause it instead of deleting it") from err
     return int(result.rowcount) == 1
+
+
+async def managers(conn: Connection, workspace_id: UUID, agent_id: UUID) -> list[UUID]:
+    """The chain of command above an agent: its manager, the manager's manager, and so on.
+
+    Stops at a cycle (which the service never lets in) or after CHAIN_MAX agents.
+    """
+    chain: list[UUID] = []
+    current: UUID | None = agent_id
+    while current is not None and len(chain) < CHAIN_MAX:
+        row = (
+            await conn.execute(
+                sa.select(agents.c.reports_to).where(
+                    agents.c.id == current, agents.c.workspace_id == workspace_id
+                )
+            )
+        ).first()
+        current = row.reports_to if row is not None else None
+        if current is None or current in chain:
+            break
+        chain.append(current)
+    return chain
+
+
+async def open_tasks(conn: Connection, agent_id: UUID) -> list[UUID]:
+    """The agent's tasks that have not ended (oldest first)."""
+    rows = await conn.execute(
+        sa.select(tasks.c.id)
+        .where(
+            tasks.c.agent_id == agent_id,
+            tasks.c.status.not_in([s.value for s in TERMINAL_TASK]),
+        )
+        .order_by(tasks.c.created_at)
+    )
+    return [row.id for row in rows]

@@ -138,14 +138,14 @@ async def add_blockers(
         raise InvalidInput(f"a task can have at most {MAX_BLOCKERS} blockers")
     if task_id in wanted:
         raise InvalidInput("a task cannot block itself")
-    found = {
-        row.id: row.status
-        for row in await conn.execute(
-            sa.select(tasks.c.id, tasks.c.status).where(
-                tasks.c.id.in_(wanted), tasks.c.workspace_id == workspace_id
-            )
-        )
-    }
+    query = sa.select(tasks.c.id, tasks.c.status).where(
+        tasks.c.id.in_(wanted), tasks.c.workspace_id == workspace_id
+    )
+    if conn.dialect.name == "postgresql":
+        # A blocker ending concurrently waits for this transaction (and then sees the edge),
+        # or has ended before these rows are read: either way the end is not missed.
+        query = query.order_by(tasks.c.id).with_for_update(read=True)
+    found = {row.id: row.status for row in await conn.execute(query)}
     missing = [str(b) for b in wanted if b not in found]
     if missing:
         raise NotFound(f"no such task in this workspace: {', '.join(missing)}")
@@ -163,7 +163,12 @@ async def add_blockers(
         await conn.execute(
             task_blockers.insert(),
             [
-                {"task_id": task_id, "blocker_id": b, "workspace_id": workspace_id, "created_at": now}
+                {
+                    "task_id": task_id,
+                    "blocker_id": b,
+                    "workspace_id": workspace_id,
+                    "created_at": now,
+                }
                 for b in new
             ],
         )
@@ -191,6 +196,13 @@ async def _refuse_cycle(conn: Connection, task_id: UUID, new: list[UUID]) -> Non
         )
         frontier = [row.blocker_id for row in rows if row.blocker_id not in seen]
         seen.update(frontier)
+
+
+async def count_child(conn: Connection, parent_id: UUID) -> None:
+    """A child the parent waits for was added (its end is then looked at)."""
+    await conn.execute(
+        tasks.update().where(tasks.c.id == parent_id).values(dependencies=tasks.c.dependencies + 1)
+    )
 
 
 async def remove_blocker(conn: Connection, task_id: UUID, blocker_id: UUID) -> bool:
@@ -289,11 +301,7 @@ async def delegate(
         blocks_parent=wait,
     )
     if wait:
-        await conn.execute(
-            tasks.update()
-            .where(tasks.c.id == parent_id)
-            .values(dependencies=tasks.c.dependencies + 1)
-        )
+        await count_child(conn, parent_id)
     return task, True
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
@@ -19,6 +20,7 @@ from bullpen.domain.principal import Principal
 from bullpen.services.agents import AgentService
 
 SYSTEM_PROMPT_MAX = 20_000
+DESCRIPTION_MAX = 20_000
 MAX_TOKENS_MAX = 1_000_000
 RUNS_MIN, RUNS_MAX = 1, 1000
 
@@ -35,6 +37,8 @@ AgentTitle = Annotated[
     str, StringConstraints(max_length=200, strip_whitespace=True, pattern=r"^[^\x00-\x1f\x7f]*$")
 ]
 
+
+Description = Annotated[str, StringConstraints(max_length=DESCRIPTION_MAX, pattern=_PROSE)]
 
 # Constraints before the validator, so OpenAPI shows them as `minimum`/`maximum`.
 MaxRuns = Annotated[int, Field(ge=RUNS_MIN, le=RUNS_MAX, strict=True), BeforeValidator(integral)]
@@ -105,6 +109,14 @@ class AgentCreate(Strict):
     status: SettableStatus = Field(
         default=SettableStatus.ACTIVE, description="A paused agent takes no new tasks."
     )
+    description: Description = Field(
+        default="", description="What the agent does; an `llm` agent gets it as instructions."
+    )
+    reports_to: UUID | None = Field(
+        default=None,
+        description="The agent's manager in the org chart (an agent of the workspace); the "
+        "manager may delegate subtasks to it.",
+    )
 
 
 class AgentUpdate(Strict):
@@ -120,6 +132,10 @@ class AgentUpdate(Strict):
     config: LlmAgentConfig = optional("Replaces the whole config.")
     max_concurrent_runs: MaxRuns = optional()
     status: SettableStatus = optional("`active` or `paused`.")
+    description: Description = optional()
+    reports_to: UUID | None = Field(
+        default=None, description="The new manager, or `null` for none (a root of the chart)."
+    )
 
 
 class AgentPublic(BaseModel):
@@ -132,6 +148,8 @@ class AgentPublic(BaseModel):
     config: dict[str, Any]
     status: str = Field(examples=["active"], description="`active`, `paused` or `terminated`.")
     max_concurrent_runs: int
+    description: str
+    reports_to: UUID | None
     created_at: datetime
 
     @classmethod
@@ -145,8 +163,48 @@ class AgentPublic(BaseModel):
             config=dict(row.config),
             status=row.status,
             max_concurrent_runs=row.max_concurrent_runs,
+            description=row.description,
+            reports_to=row.reports_to,
             created_at=row.created_at,
         )
+
+
+class OrgNode(BaseModel):
+    """An agent in the org chart, with the agents reporting to it."""
+
+    id: UUID
+    name: str
+    title: str
+    adapter: str
+    status: str
+    reports: list[OrgNode]
+
+
+class OrgChart(BaseModel):
+    """The workspace's org chart: the agents reporting to nobody, each with its reports,
+    every level ordered by name."""
+
+    roots: list[OrgNode]
+
+
+def org_chart(rows: Sequence[Any]) -> OrgChart:
+    """Nest the agents by `reports_to` (the service keeps the chart free of cycles)."""
+    nodes = {
+        row.id: OrgNode(
+            id=row.id,
+            name=row.name,
+            title=row.title,
+            adapter=row.adapter,
+            status=row.status,
+            reports=[],
+        )
+        for row in rows
+    }
+    roots: list[OrgNode] = []
+    for row in rows:  # rows come ordered by name, so every level is
+        manager = nodes.get(row.reports_to) if row.reports_to is not None else None
+        (manager.reports if manager is not None else roots).append(nodes[row.id])
+    return OrgChart(roots=roots)
 
 
 class AgentList(BaseModel):
@@ -187,6 +245,18 @@ async def list_agents(principal: Reader, agents: Agents) -> AgentList:
     return AgentList(items=[AgentPublic.from_row(row) for row in rows])
 
 
+@router.get(
+    "/tree",
+    operation_id="getOrgChart",
+    response_model=OrgChart,
+    responses=docs.problems(401, 403, 429, 503),
+    summary="The org chart",
+)
+async def org_tree(principal: Reader, agents: Agents) -> OrgChart:
+    """Every agent of the workspace nested under its manager, ready to draw."""
+    return org_chart(await agents.list(principal))
+
+
 @router.post(
     "",
     operation_id="createAgent",
@@ -214,6 +284,8 @@ async def create_agent(
             config=body.config.stored(),
             max_concurrent_runs=body.max_concurrent_runs,
             status=body.status.value,
+            description=body.description,
+            reports_to=body.reports_to,
         )
         return tx.respond(201, AgentPublic.from_row(row), location=f"/api/v1/agents/{row.id}")
 
@@ -266,3 +338,45 @@ async def delete_agent(agent_id: AgentId, principal: Writer, agents: Agents) -> 
     """Delete an agent and its API keys; an agent with tasks is 409 (pause it instead)."""
     await agents.delete(principal, agent_id)
     return Response(status_code=204)
+
+
+def _lifecycle(status: str, op: str, summary: str, doc: str) -> None:
+    async def change(
+        agent_id: AgentId, principal: Writer, agents: Agents, svc: ServicesDep
+    ) -> AgentPublic:
+        row = await agents.set_status(principal, agent_id, status)
+        if status == "terminated":
+            await svc.tasks.cancel_open_of_agent(principal, agent_id)
+        return AgentPublic.from_row(row)
+
+    change.__doc__ = doc
+    router.add_api_route(
+        f"/{{agent_id}}/{op}",
+        change,
+        methods=["POST"],
+        operation_id=f"{op}Agent",
+        response_model=AgentPublic,
+        responses=docs.problems(401, 403, 404, 409, 422, 429, 503),
+        summary=summary,
+    )
+
+
+_lifecycle(
+    "paused",
+    "pause",
+    "Pause an agent",
+    "It claims no new runs; runs already running finish. Pausing a paused agent is a no-op.",
+)
+_lifecycle(
+    "active",
+    "resume",
+    "Resume a paused agent",
+    "Its queued runs are claimed again. A terminated agent cannot be resumed (409).",
+)
+_lifecycle(
+    "terminated",
+    "terminate",
+    "Terminate an agent",
+    "For good: its tasks that have not ended are cancelled (running runs are stopped) and new "
+    "tasks for it are refused with 409 `agent-terminated`. It cannot be resumed.",
+)

@@ -20,8 +20,10 @@ from bullpen.api.schemas import (
     RunList,
     RunPublic,
     TaskCreate,
+    TaskDependencies,
     TaskPage,
     TaskPublic,
+    TaskRef,
     TaskUpdate,
 )
 from bullpen.domain.access import Permission
@@ -77,6 +79,8 @@ async def create_task(
             title=body.title,
             priority=body.priority,
             labels=body.labels,
+            parent_id=body.parent_id,
+            blocked_by=body.blocked_by,
         )
         return tx.respond(201, TaskPublic.from_rows(task, run), location=f"/api/v1/tasks/{task.id}")
 
@@ -189,6 +193,22 @@ async def list_runs(task_id: TaskId, principal: Reader, svc: ServicesDep) -> Run
     """Every run (attempt history) of the task, oldest first."""
     rows = await svc.tasks.runs(principal, task_id)
     return RunList(items=[RunPublic.from_row(row) for row in rows])
+
+
+@router.get(
+    "/{task_id}/dependencies",
+    operation_id="getTaskDependencies",
+    response_model=TaskDependencies,
+    responses=docs.problems(*docs.READ),
+    summary="A task's subtasks and blockers",
+)
+async def dependencies(task_id: TaskId, principal: Reader, svc: ServicesDep) -> TaskDependencies:
+    """Its subtasks (oldest first) and the tasks blocking it, with what each ended with."""
+    children, blockers = await svc.tasks.dependencies(principal, task_id)
+    return TaskDependencies(
+        children=[TaskRef.from_row(row) for row in children],
+        blockers=[TaskRef.from_row(row) for row in blockers],
+    )
 
 
 @router.post(

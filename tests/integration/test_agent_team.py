@@ -1,0 +1,211 @@
+"""A team of agents over a real socket, on both backends: delegation, waking, the org chart.
+
+The agents are `llm` agents on the simulated provider, scripted (`<sim-script>` in their
+system prompts) to call Bullpen's tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+from uuid import UUID
+
+import aiohttp
+import sqlalchemy as sa
+
+from bullpen.store.tables import runs, task_steps, tasks
+from tests.conftest import RunningServer
+from tests.integration.client import problem_of
+from tests.integration.db import rows
+
+
+def scripted(name: str, turns: list[dict[str, Any]] | None = None) -> str:
+    prompt = f"You are {name}."
+    if turns is not None:
+        prompt += f"\n<sim-script>{json.dumps(turns)}</sim-script>"
+    return prompt
+
+
+def delegate(agent: str, prompt: str, **extra: Any) -> dict[str, Any]:
+    return {"name": "delegate", "arguments": {"agent": agent, "prompt": prompt, **extra}}
+
+
+def finish(result: str) -> dict[str, Any]:
+    return {"name": "finish", "arguments": {"result": result}}
+
+
+async def make_agent(
+    http: aiohttp.ClientSession,
+    server: RunningServer,
+    name: str,
+    turns: list[dict[str, Any]] | None = None,
+    reports_to: str | None = None,
+    **config: Any,
+) -> dict[str, Any]:
+    body = {
+        "name": name,
+        "title": name.title(),
+        "config": {
+            "provider": "simulated",
+            "model": "sim-1",
+            "system_prompt": scripted(name, turns),
+            **config,
+        },
+        "reports_to": reports_to,
+    }
+    async with http.post(
+        f"{server.base_url}/api/v1/agents", json=body, headers=server.auth
+    ) as resp:
+        assert resp.status == 201, await resp.text()
+        return dict(await resp.json())
+
+
+async def create_task(
+    http: aiohttp.ClientSession,
+    server: RunningServer,
+    agent: dict[str, Any],
+    prompt: str,
+    **extra: Any,
+) -> dict[str, Any]:
+    async with http.post(
+        f"{server.base_url}/api/v1/tasks",
+        json={"prompt": prompt, "agent_id": agent["id"], **extra},
+        headers=server.auth,
+    ) as resp:
+        assert resp.status == 201, await resp.text()
+        return dict(await resp.json())
+
+
+async def get_task(
+    http: aiohttp.ClientSession, server: RunningServer, task_id: str
+) -> dict[str, Any]:
+    async with http.get(f"{server.base_url}/api/v1/tasks/{task_id}", headers=server.auth) as resp:
+        assert resp.status == 200
+        return dict(await resp.json())
+
+
+async def until_ended(
+    http: aiohttp.ClientSession, server: RunningServer, task_id: str, timeout_s: float = 30.0
+) -> dict[str, Any]:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            task = await get_task(http, server, task_id)
+            if task["status"] in ("done", "failed", "cancelled"):
+                return task
+            await asyncio.sleep(0.05)
+
+
+async def runs_of(server: RunningServer, task_id: str) -> list[Any]:
+    return await rows(
+        server, sa.select(runs).where(runs.c.task_id == UUID(task_id)).order_by(runs.c.queued_at)
+    )
+
+
+async def test_a_lead_delegates_down_two_levels_and_builds_its_result_from_theirs(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    lead = await make_agent(
+        http,
+        server,
+        "lead",
+        [
+            {"tool_calls": [delegate("analyst", "Analyse part A"), delegate("writer", "Draft B")]},
+            {"tool_calls": [finish("LEAD SUMMARY: {{context}}")]},
+        ],
+    )
+    analyst = await make_agent(
+        http,
+        server,
+        "analyst",
+        [
+            {"tool_calls": [delegate("researcher", "Dig into part A")]},
+            {"tool_calls": [finish("ANALYST: {{context}}")]},
+        ],
+        reports_to=lead["id"],
+    )
+    writer = await make_agent(
+        http, server, "writer", [{"text": "WRITER DRAFT"}], reports_to=lead["id"]
+    )
+    researcher = await make_agent(http, server, "researcher", reports_to=analyst["id"])
+
+    task = await create_task(http, server, lead, "Produce the quarterly report")
+    ended = await until_ended(http, server, task["id"])
+
+    assert ended["status"] == "done", ended
+    async with http.get(
+        f"{server.base_url}/api/v1/tasks/{task['id']}/dependencies", headers=server.auth
+    ) as resp:
+        deps = await resp.json()
+    kids = {child["agent"]: child for child in deps["children"]}
+    assert sorted(kids) == ["analyst", "writer"] and deps["blockers"] == []
+    assert all(child["status"] == "done" for child in kids.values())
+    assert kids["writer"]["result"] == "WRITER DRAFT"
+    async with http.get(
+        f"{server.base_url}/api/v1/tasks/{kids['analyst']['id']}/dependencies",
+        headers=server.auth,
+    ) as resp:
+        grandkids = (await resp.json())["children"]
+    assert [g["agent"] for g in grandkids] == ["researcher"]
+    researched = grandkids[0]["result"]
+    assert researched and grandkids[0]["status"] == "done"
+    # The lead's result is built from its reports', which hold the researcher's.
+    result = ended["result"]
+    assert result.startswith("LEAD SUMMARY: These subtasks and blockers have ended:")
+    assert "WRITER DRAFT" in result and "ANALYST: " in result and researched in result
+    assert (
+        kids["analyst"]["result"].startswith("ANALYST: ")
+        and researched in kids["analyst"]["result"]
+    )
+
+    # The lead and the analyst were each woken once; the others ran once.
+    lead_runs = await runs_of(server, task["id"])
+    analyst_runs = await runs_of(server, kids["analyst"]["id"])
+    writer_runs = await runs_of(server, kids["writer"]["id"])
+    assert [r.status for r in lead_runs] == ["done", "done"]
+    assert [r.status for r in analyst_runs] == ["done", "done"]
+    assert [r.status for r in writer_runs] == ["done"]
+    assert len(await runs_of(server, grandkids[0]["id"])) == 1
+    # The subtasks ran at once: the writer ran while the analyst's task was open, and the
+    # lead woke only after both had ended.
+    assert writer_runs[0].started_at < analyst_runs[-1].finished_at
+    last_child_end = max(analyst_runs[-1].finished_at, writer_runs[-1].finished_at)
+    assert lead_runs[1].queued_at >= last_child_end
+    assert lead_runs[0].finished_at <= lead_runs[1].queued_at
+    # One subtask per delegate call: the steps are recorded once each.
+    steps = await rows(
+        server, sa.select(task_steps.c.step).where(task_steps.c.task_id == UUID(task["id"]))
+    )
+    assert sorted(s.step for s in steps) == [1, 2]
+    children = await rows(
+        server, sa.select(tasks.c.id).where(tasks.c.parent_id == UUID(task["id"]))
+    )
+    assert len(children) == 2
+    assert researcher["reports_to"] == analyst["id"]
+
+
+async def test_the_org_chart_nests_reports_and_refuses_cycles(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    ceo = await make_agent(http, server, "ceo")
+    cto = await make_agent(http, server, "cto", reports_to=ceo["id"])
+    dev = await make_agent(http, server, "dev", reports_to=cto["id"])
+    async with http.get(f"{server.base_url}/api/v1/agents/tree", headers=server.auth) as resp:
+        chart = await resp.json()
+    by_name = {node["name"]: node for node in chart["roots"]}
+    assert [r["name"] for r in by_name["ceo"]["reports"]] == ["cto"]
+    assert [r["name"] for r in by_name["ceo"]["reports"][0]["reports"]] == ["dev"]
+    assert "cto" not in by_name and "dev" not in by_name
+
+    url = f"{server.base_url}/api/v1/agents/{ceo['id']}"
+    async with http.patch(url, json={"reports_to": dev["id"]}, headers=server.auth) as resp:
+        problem = await problem_of(resp, 409)
+    assert "cycle" in problem["detail"]
+    async with http.patch(url, json={"reports_to": ceo["id"]}, headers=server.auth) as resp:
+        await problem_of(resp, 422)
+    async with http.patch(
+        f"{server.base_url}/api/v1/agents/{dev['id']}",
+        json={"reports_to": None},
+        headers=server.auth,
+    ) as resp:
+        assert resp.status == 200 and (await resp.json())["reports_to"] is None
