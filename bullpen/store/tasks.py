@@ -9,8 +9,10 @@ from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
+from sqlalchemy import exc
 
 from bullpen.domain.status import RunStatus, TaskStatus, task_sources
+from bullpen.errors import Conflict
 from bullpen.store.base import Connection
 from bullpen.store.paging import Page, keyset
 from bullpen.store.tables import runs, task_comments, tasks, workspaces
@@ -165,9 +167,16 @@ async def insert_run(
     *,
     priority: int = 0,
 ) -> SimpleNamespace:
-    """Enqueue a run of a task (claimed by `priority`, higher first); returns it as stored."""
+    """Enqueue a run of a task (claimed by `priority`, higher first); returns it as stored.
+
+    A task holds at most one queued or running run (its checkout, `uq_runs_task_active`): a
+    second is Conflict.
+    """
     run = _queued_run(task_id, workspace_id, agent_id, now, priority)
-    await conn.execute(_INSERT_RUN, run)
+    try:
+        await conn.execute(_INSERT_RUN, run)
+    except exc.IntegrityError as err:
+        raise Conflict("the task already has a queued or running run") from err
     return _stored_run(run)
 
 

@@ -16,15 +16,13 @@ from uuid import UUID
 import sqlalchemy as sa
 
 from bullpen.domain.status import TERMINAL_TASK, TaskStatus
-from bullpen.errors import Conflict, InvalidInput, NotFound
+from bullpen.errors import InvalidInput, NotFound
 from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection
 from bullpen.store.tables import agents, task_blockers, task_comments, task_steps, tasks, workspaces
 
 _ENDED = sorted(status.value for status in TERMINAL_TASK)
 MAX_BLOCKERS = 50
-# How far the blocker graph is followed when a new edge is checked for a cycle.
-_CYCLE_SCAN_MAX = 10_000
 
 
 def _open_children(task_id: UUID) -> sa.Select[Any]:
@@ -131,8 +129,12 @@ async def ended_task(conn: Connection, task_id: UUID, now: datetime) -> list[UUI
 async def add_blockers(
     conn: Connection, workspace_id: UUID, task_id: UUID, blocker_ids: list[UUID], now: datetime
 ) -> int:
-    """Make `task_id` wait for each blocker (same workspace, no cycle); returns how many of
-    the blockers have not ended."""
+    """Make `task_id` wait for each blocker of the same workspace; returns how many of them
+    have not ended.
+
+    Blockers are given when a task is created, so they cannot make a cycle (nothing waits for
+    the new task yet).
+    """
     wanted = list(dict.fromkeys(blocker_ids))
     if len(wanted) > MAX_BLOCKERS:
         raise InvalidInput(f"a task can have at most {MAX_BLOCKERS} blockers")
@@ -158,7 +160,6 @@ async def add_blockers(
     new = [b for b in wanted if b not in existing]
     if len(existing) + len(new) > MAX_BLOCKERS:
         raise InvalidInput(f"a task can have at most {MAX_BLOCKERS} blockers")
-    await _refuse_cycle(conn, task_id, new)
     if new:
         await conn.execute(
             task_blockers.insert(),
@@ -183,36 +184,11 @@ async def add_blockers(
     return sum(1 for b in wanted if found[b] not in _ENDED)
 
 
-async def _refuse_cycle(conn: Connection, task_id: UUID, new: list[UUID]) -> None:
-    """A blocker that (through its own blockers) waits for `task_id` would wait forever."""
-    frontier, seen = list(new), set(new)
-    while frontier:
-        if task_id in frontier:
-            raise Conflict("these blockers would make a cycle: a task would wait for itself")
-        if len(seen) > _CYCLE_SCAN_MAX:
-            raise Conflict("the blocker graph is too deep to check for cycles")
-        rows = await conn.execute(
-            sa.select(task_blockers.c.blocker_id).where(task_blockers.c.task_id.in_(frontier))
-        )
-        frontier = [row.blocker_id for row in rows if row.blocker_id not in seen]
-        seen.update(frontier)
-
-
 async def count_child(conn: Connection, parent_id: UUID) -> None:
     """A child the parent waits for was added (its end is then looked at)."""
     await conn.execute(
         tasks.update().where(tasks.c.id == parent_id).values(dependencies=tasks.c.dependencies + 1)
     )
-
-
-async def remove_blocker(conn: Connection, task_id: UUID, blocker_id: UUID) -> bool:
-    """Drop one blocker of a task; False if it was not one."""
-    result = await conn.execute(
-        task_blockers.delete().where(
-            task_blockers.c.task_id == task_id, task_blockers.c.blocker_id == blocker_id
-        )
-    )
-    return bool(result.rowcount)
 
 
 def _related_columns() -> list[Any]:

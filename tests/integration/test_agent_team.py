@@ -6,100 +6,23 @@ system prompts) to call Bullpen's tools.
 
 from __future__ import annotations
 
-import asyncio
-import json
-from typing import Any
 from uuid import UUID
 
 import aiohttp
 import sqlalchemy as sa
 
-from bullpen.store.tables import runs, task_steps, tasks
+from bullpen.store.tables import task_steps, tasks
 from tests.conftest import RunningServer
 from tests.integration.client import problem_of
 from tests.integration.db import rows
-
-
-def scripted(name: str, turns: list[dict[str, Any]] | None = None) -> str:
-    prompt = f"You are {name}."
-    if turns is not None:
-        prompt += f"\n<sim-script>{json.dumps(turns)}</sim-script>"
-    return prompt
-
-
-def delegate(agent: str, prompt: str, **extra: Any) -> dict[str, Any]:
-    return {"name": "delegate", "arguments": {"agent": agent, "prompt": prompt, **extra}}
-
-
-def finish(result: str) -> dict[str, Any]:
-    return {"name": "finish", "arguments": {"result": result}}
-
-
-async def make_agent(
-    http: aiohttp.ClientSession,
-    server: RunningServer,
-    name: str,
-    turns: list[dict[str, Any]] | None = None,
-    reports_to: str | None = None,
-    **config: Any,
-) -> dict[str, Any]:
-    body = {
-        "name": name,
-        "title": name.title(),
-        "config": {
-            "provider": "simulated",
-            "model": "sim-1",
-            "system_prompt": scripted(name, turns),
-            **config,
-        },
-        "reports_to": reports_to,
-    }
-    async with http.post(
-        f"{server.base_url}/api/v1/agents", json=body, headers=server.auth
-    ) as resp:
-        assert resp.status == 201, await resp.text()
-        return dict(await resp.json())
-
-
-async def create_task(
-    http: aiohttp.ClientSession,
-    server: RunningServer,
-    agent: dict[str, Any],
-    prompt: str,
-    **extra: Any,
-) -> dict[str, Any]:
-    async with http.post(
-        f"{server.base_url}/api/v1/tasks",
-        json={"prompt": prompt, "agent_id": agent["id"], **extra},
-        headers=server.auth,
-    ) as resp:
-        assert resp.status == 201, await resp.text()
-        return dict(await resp.json())
-
-
-async def get_task(
-    http: aiohttp.ClientSession, server: RunningServer, task_id: str
-) -> dict[str, Any]:
-    async with http.get(f"{server.base_url}/api/v1/tasks/{task_id}", headers=server.auth) as resp:
-        assert resp.status == 200
-        return dict(await resp.json())
-
-
-async def until_ended(
-    http: aiohttp.ClientSession, server: RunningServer, task_id: str, timeout_s: float = 30.0
-) -> dict[str, Any]:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            task = await get_task(http, server, task_id)
-            if task["status"] in ("done", "failed", "cancelled"):
-                return task
-            await asyncio.sleep(0.05)
-
-
-async def runs_of(server: RunningServer, task_id: str) -> list[Any]:
-    return await rows(
-        server, sa.select(runs).where(runs.c.task_id == UUID(task_id)).order_by(runs.c.queued_at)
-    )
+from tests.integration.team import (
+    create_task,
+    delegate,
+    finish,
+    make_agent,
+    runs_of,
+    until_ended,
+)
 
 
 async def test_a_lead_delegates_down_two_levels_and_builds_its_result_from_theirs(
@@ -127,6 +50,7 @@ async def test_a_lead_delegates_down_two_levels_and_builds_its_result_from_their
     writer = await make_agent(
         http, server, "writer", [{"text": "WRITER DRAFT"}], reports_to=lead["id"]
     )
+    assert writer["reports_to"] == lead["id"]
     researcher = await make_agent(http, server, "researcher", reports_to=analyst["id"])
 
     task = await create_task(http, server, lead, "Produce the quarterly report")

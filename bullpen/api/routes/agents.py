@@ -11,6 +11,7 @@ from uuid import UUID
 from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
+from bullpen.agents.llm import LOOP_REPEATS, MAX_STEPS, MAX_WALL_S
 from bullpen.api import docs
 from bullpen.api.deps import ServicesDep, require, require_json
 from bullpen.api.idempotency import Idempotent
@@ -43,6 +44,8 @@ Description = Annotated[str, StringConstraints(max_length=DESCRIPTION_MAX, patte
 # Constraints before the validator, so OpenAPI shows them as `minimum`/`maximum`.
 MaxRuns = Annotated[int, Field(ge=RUNS_MIN, le=RUNS_MAX, strict=True), BeforeValidator(integral)]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_MAX, strict=True), BeforeValidator(integral)]
+MaxSteps = Annotated[int, Field(ge=1, le=1000, strict=True), BeforeValidator(integral)]
+LoopRepeats = Annotated[int, Field(ge=2, le=1000, strict=True), BeforeValidator(integral)]
 
 
 class Adapter(StrEnum):
@@ -78,6 +81,20 @@ class LlmAgentConfig(Strict):
     ) = Field(default=None, description="Omit for Bullpen's default system prompt.")
     max_tokens: MaxTokens | None = Field(
         default=None, description="Cap on each completion's output tokens; omit for none."
+    )
+    max_steps: MaxSteps | None = Field(
+        default=None, description=f"Tool steps per run (default {MAX_STEPS}); beyond, it fails."
+    )
+    max_wall_s: Annotated[float, Field(gt=0, le=86_400, strict=True)] | None = Field(
+        default=None, description=f"Wall time per run in seconds (default {MAX_WALL_S:g})."
+    )
+    max_cost_usd: Annotated[float, Field(gt=0, le=1_000_000, strict=True)] | None = Field(
+        default=None, description="Provider cost per run in USD; no limit when omitted."
+    )
+    loop_repeats: LoopRepeats | None = Field(
+        default=None,
+        description=f"The same tool call (same arguments) made this often on a task is a "
+        f"runaway loop and stops the run (default {LOOP_REPEATS}).",
     )
 
     def stored(self) -> dict[str, Any]:

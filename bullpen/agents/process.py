@@ -1,0 +1,595 @@
+"""The `process` adapter: run an operator-allowed command on the worker's machine.
+
+The operator names the executables agents may run in `BULLPEN_PROCESS_ALLOW` (comma-separated
+absolute paths; empty turns the adapter off). An agent's config is checked against it when it is
+saved and again at every run, since the list can change in between. Each delivery of a run:
+
+- starts `command` as the leader of a new session, so of its own process group, in `cwd` or in
+  a fresh temporary directory that is removed afterwards;
+- builds its environment from scratch: `PATH=/usr/local/bin:/usr/bin:/bin`, `LANG=C.UTF-8`,
+  `HOME` (the working directory), `BULLPEN_RUN_ID` and `BULLPEN_TASK_ID` (not secrets), then the
+  config's `env`; nothing of the worker's own environment (provider keys, `BULLPEN_SECRET_KEY`,
+  the database URL) is passed on;
+- writes the run context (`RunContext.as_dict()`, one JSON line) to stdin and closes it, or
+  gives it /dev/null (`stdin: "none"`);
+- streams stdout as `text` as it arrives (UTF-8, invalid bytes replaced) and each stderr line
+  as a `log` event `{"stream": "stderr", "line": ...}`; a line longer than 8 KiB is cut there
+  and gets `"truncated": true`. NUL characters become U+FFFD (PostgreSQL text cannot hold them);
+- ends `done` with stdout as the result when the command exits 0. A result longer than 1 Mi
+  characters keeps its last 1 Mi characters after a `[… earlier output cut …]` line (the
+  events still hold all of it).
+
+A run fails (`ProcessFailed`, not retried) when the command cannot start, exits non-zero (the
+error ends with its last non-empty stderr line), dies of a signal, or writes more than 16 MiB to
+stdout and stderr together (the group is killed there; the events up to the cap are kept); it
+fails with `ProcessTimeout` after `timeout_s`.
+
+Ending: on timeout or cancellation the group gets SIGTERM, and the leader has the grace period
+(5 s) to exit before the group gets SIGKILL; over the output cap it gets SIGKILL at once. What
+the leader leaves running when it exits, on any path, is killed (SIGKILL) at once. The adapter
+returns only once the leader is reaped and every pipe is closed; output still in the pipes is
+collected for at most the grace period (a process that left the group with setsid is out of
+reach and may hold them open).
+
+This scrubs the environment; it does not sandbox. The command runs as the worker's user and can
+read whatever that user can: Bullpen's data directory, and the worker's own environment through
+/proc/<pid>/environ unless the worker is made non-dumpable. The allow-list is the trust
+boundary; allow wrappers that drop privileges or sandbox when agents are not fully trusted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import functools
+import io
+import json
+import logging
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable, Collection, Mapping
+from typing import Annotated, Any, Literal, Protocol
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
+
+from bullpen.agents.base import Events, RunContext, done
+from bullpen.domain.events import EventKind
+from bullpen.errors import BullpenError, InvalidInput
+from bullpen.store.runs import RunOutcome
+
+log = logging.getLogger(__name__)
+
+ALLOW_SETTING = "BULLPEN_PROCESS_ALLOW"
+
+COMMAND_MAX_ITEMS = 100
+ARG_MAX_CHARS = 4096
+ENV_MAX_ENTRIES = 100
+ENV_VALUE_MAX_CHARS = 32_768
+TIMEOUT_DEFAULT_S = 600.0
+TIMEOUT_MAX_S = 86_400.0
+
+BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+LINE_MAX_BYTES = 8 * 1024
+OUTPUT_MAX_BYTES = 16 * 1024 * 1024
+RESULT_MAX_CHARS = 1024 * 1024
+KILL_GRACE_S = 5.0
+RESULT_CUT_MARK = "[… earlier output cut …]\n"
+_ERROR_LINE_MAX_CHARS = 500
+
+# Environment names a config may not set, compared case-insensitively (Bullpen's own settings
+# are read case-insensitively). Bullpen's own (`BULLPEN_…`) and the base the adapter sets
+# (`PATH`, `HOME`), then names through which a value alone makes a program load or run other
+# code: the dynamic loader's (`LD_…`, `DYLD_…`, glibc's), shells' startup files and hooks, and
+# interpreters' module paths and startup options. Other names are passed as given.
+ENV_DENY_PREFIXES = ("BULLPEN_", "LD_", "DYLD_", "BASH_FUNC_")
+ENV_DENY_NAMES = frozenset(
+    (
+        "PATH HOME"
+        # glibc: character-set modules, locale files, tunables
+        " GCONV_PATH GLIBC_TUNABLES LOCPATH NLSPATH"
+        # shells: startup files, options, trace and prompt hooks, the `cd` search path
+        " BASH_ENV ENV SHELLOPTS BASHOPTS PS4 PROMPT_COMMAND CDPATH"
+        # interpreters: module search paths and code run at startup
+        " PYTHONPATH PYTHONHOME PYTHONSTARTUP PYTHONUSERBASE PYTHONBREAKPOINT PYTHONWARNINGS"
+        " PYTHONINSPECT PYTHONEXECUTABLE PYTHONPLATLIBDIR PERL5LIB PERLLIB PERL5OPT PERL5DB"
+        " RUBYOPT RUBYLIB NODE_OPTIONS NODE_PATH JAVA_TOOL_OPTIONS _JAVA_OPTIONS JDK_JAVA_OPTIONS"
+        " CLASSPATH"
+    ).split()
+)
+
+_NO_NUL = r"^[^\x00]*$"
+Argument = Annotated[str, StringConstraints(max_length=ARG_MAX_CHARS, pattern=_NO_NUL)]
+AbsolutePath = Annotated[str, StringConstraints(max_length=ARG_MAX_CHARS, pattern=r"^/[^\x00]*$")]
+EnvName = Annotated[
+    str, StringConstraints(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+]
+EnvValue = Annotated[str, StringConstraints(max_length=ENV_VALUE_MAX_CHARS, pattern=_NO_NUL)]
+
+
+class ProcessFailed(BullpenError):
+    """A `process` agent's command could not start, exited non-zero, or was stopped."""
+
+    status = 502
+    slug = "process-failed"
+    title = "Process failed"
+
+
+class ProcessTimeout(ProcessFailed):
+    """A `process` agent's command ran past its `timeout_s`."""
+
+    status = 504
+    slug = "process-timeout"
+    title = "Process timed out"
+
+
+def env_name_denied(name: str) -> bool:
+    """True when a config may not set this environment variable."""
+    upper = name.upper()
+    return upper in ENV_DENY_NAMES or upper.startswith(ENV_DENY_PREFIXES)
+
+
+class ProcessAgentConfig(BaseModel):
+    """A `process` agent's configuration: the command it runs and how."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {"command": ["/usr/local/bin/triage", "--json"], "env": {"TEAM": "blue"}},
+            ]
+        },
+    )
+
+    command: Annotated[list[Argument], Field(min_length=1, max_length=COMMAND_MAX_ITEMS)] = Field(
+        description="The executable (an absolute path the operator allows in "
+        f"`{ALLOW_SETTING}`) and its arguments; no shell is involved."
+    )
+    cwd: AbsolutePath | None = Field(
+        default=None,
+        description="Working directory (absolute, must exist on the worker); omit for a fresh "
+        "temporary directory per run, removed afterwards. `HOME` is set to it.",
+    )
+    env: Annotated[dict[EnvName, EnvValue], Field(max_length=ENV_MAX_ENTRIES)] = Field(
+        default_factory=dict,
+        description="Extra environment variables; the worker's own environment is never "
+        "passed on. `BULLPEN_…`, `PATH`, `HOME`, `LD_…` and other names that make programs "
+        "load code are refused.",
+    )
+    timeout_s: float = Field(
+        default=TIMEOUT_DEFAULT_S,
+        gt=0,
+        le=TIMEOUT_MAX_S,
+        description="The run fails, and the command's process group is ended, after this long.",
+    )
+    stdin: Literal["context", "none"] = Field(
+        default="context",
+        description="`context`: the run context as one JSON line on stdin, then end of file; "
+        "`none`: stdin is /dev/null.",
+    )
+
+    @field_validator("command")
+    @classmethod
+    def _absolute_executable(cls, value: list[str]) -> list[str]:
+        if not value[0].startswith("/"):
+            raise ValueError("command[0] must be the executable's absolute path")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _allowed_names(cls, value: dict[str, str]) -> dict[str, str]:
+        refused = sorted(name for name in value if env_name_denied(name))
+        if refused:
+            raise ValueError(
+                f"may not set {', '.join(refused)}: Bullpen's own names, PATH, HOME and names "
+                "that make programs load code (LD_…, PYTHONPATH, BASH_ENV, …) are refused"
+            )
+        return value
+
+    def stored(self) -> dict[str, Any]:
+        """The config as the worker reads it (an unset `cwd` is left out, not null)."""
+        return self.model_dump(exclude_none=True)
+
+
+def load_config(raw: Mapping[str, Any]) -> ProcessAgentConfig:
+    """Read and check an agent's stored config at run time."""
+    try:
+        return ProcessAgentConfig.model_validate(dict(raw))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "config"
+        raise InvalidInput(
+            f"the agent's process config is invalid: {where}: {first['msg']}"
+        ) from exc
+
+
+def parse_allow(raw: str) -> frozenset[str]:
+    """The executables `BULLPEN_PROCESS_ALLOW` names (comma-separated absolute paths)."""
+    paths = frozenset(part.strip() for part in raw.split(",") if part.strip())
+    relative = sorted(path for path in paths if not path.startswith("/"))
+    if relative:
+        raise BullpenError(f"{ALLOW_SETTING} takes absolute paths only, not {', '.join(relative)}")
+    return paths
+
+
+def check_allowed(config: ProcessAgentConfig, allow: Collection[str]) -> None:
+    """Refuse the config unless the operator allows its executable (exact path match)."""
+    if not allow:
+        message = f"process agents are off on this server: {ALLOW_SETTING} allows no executable"
+    elif config.command[0] not in allow:
+        message = f"{config.command[0]!r} is not an executable {ALLOW_SETTING} allows"
+    else:
+        return
+    raise InvalidInput(
+        message,
+        errors=[
+            {
+                "location": "body",
+                "field": "config.command.0",
+                "message": message,
+                "code": "not_allowed",
+            }
+        ],
+    )
+
+
+def environment(config: ProcessAgentConfig, ctx: RunContext, home: str) -> dict[str, str]:
+    """The command's whole environment: the fixed base, the run's ids and the config's `env`."""
+    return {
+        "PATH": BASE_PATH,
+        "LANG": "C.UTF-8",
+        **config.env,
+        # After the config's entries, so nothing can replace them (the config refuses them too).
+        "HOME": home,
+        "BULLPEN_RUN_ID": str(ctx.run.id),
+        "BULLPEN_TASK_ID": str(ctx.run.task_id),
+    }
+
+
+class ProcessAdapter:
+    """Runs `process` agents: one allowed command per delivery of a run."""
+
+    def __init__(
+        self,
+        allow: Collection[str],
+        *,
+        kill_grace_s: float = KILL_GRACE_S,
+        output_max_bytes: int = OUTPUT_MAX_BYTES,
+        result_max_chars: int = RESULT_MAX_CHARS,
+    ) -> None:
+        self._allow = frozenset(allow)
+        self._grace = kill_grace_s
+        self._output_max = output_max_bytes
+        self._result_max = result_max_chars
+
+    async def run(self, ctx: RunContext) -> RunOutcome:
+        """Run the agent's command once; `done` with its stdout, or a `BullpenError`."""
+        config = load_config(ctx.run.agent_config)
+        check_allowed(config, self._allow)
+        if config.cwd is not None:
+            if not await asyncio.to_thread(os.path.isdir, config.cwd):
+                raise InvalidInput(f"cwd {config.cwd!r} is not a directory on this worker")
+            return await self._run_in(ctx, config, config.cwd)
+        workdir = tempfile.mkdtemp(prefix="bullpen-run-")
+        try:
+            return await self._run_in(ctx, config, workdir)
+        finally:
+            await asyncio.to_thread(_remove_tree, workdir)
+
+    async def _run_in(self, ctx: RunContext, config: ProcessAgentConfig, cwd: str) -> RunOutcome:
+        loop = asyncio.get_running_loop()
+        # Each pipe end is a file object: closing one twice (its transport, then this stack) is
+        # harmless, and the stack closes whatever no transport took.
+        with contextlib.ExitStack() as files:
+            proc, out_r, err_r, in_w = await _spawn(ctx, config, cwd, files)
+            group = _Group(proc, self._grace)
+            budget = _Budget(self._output_max, group.kill)
+            stdout, stderr = _Stdout(ctx.events, self._result_max), _Stderr(ctx.events)
+            readers: list[_Reader] = []
+            transports: list[asyncio.BaseTransport] = []
+            stdin: asyncio.WriteTransport | None = None
+            try:
+                sink: _Sink
+                for end, sink in ((out_r, stdout), (err_r, stderr)):
+                    transport, reader = await loop.connect_read_pipe(
+                        functools.partial(_Reader, sink, budget, group.kill), end
+                    )
+                    transports.append(transport)
+                    readers.append(reader)
+                if in_w is not None:
+                    stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, in_w)
+                    # Buffered by the transport and written as the command reads: never blocks.
+                    stdin.write(json.dumps(ctx.as_dict()).encode() + b"\n")
+                    stdin.close()
+                try:
+                    async with asyncio.timeout(config.timeout_s):
+                        await proc.wait()
+                except TimeoutError:
+                    raise ProcessTimeout(f"timed out after {config.timeout_s:g} s") from None
+            finally:
+                try:
+                    await group.end()
+                    if readers:  # what the group wrote before it ended is still in the pipes
+                        await asyncio.wait([r.closed for r in readers], timeout=self._grace)
+                finally:
+                    # Nothing reaches the events once the adapter has returned.
+                    for reader in readers:
+                        reader.detach()
+                    for pipe in transports:
+                        pipe.close()
+                    # Unwritten context for a command that is gone: drop it and the pipe.
+                    if stdin is not None and stdin.get_write_buffer_size():
+                        stdin.abort()
+        for reader in readers:
+            if reader.error is not None:
+                raise reader.error
+        if budget.exceeded:
+            raise ProcessFailed(
+                f"stopped after writing more than {self._output_max} bytes to stdout and stderr"
+            )
+        return _outcome(proc.returncode, stdout, stderr)
+
+
+async def _spawn(
+    ctx: RunContext, config: ProcessAgentConfig, cwd: str, files: contextlib.ExitStack
+) -> tuple[asyncio.subprocess.Process, io.FileIO, io.FileIO, io.FileIO | None]:
+    """Start the command as a new session's leader; its stdout, stderr and stdin pipes."""
+    out_r, out_w = _pipe(files)
+    err_r, err_w = _pipe(files)
+    in_r, in_w = _pipe(files) if config.stdin == "context" else (None, None)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *config.command,
+            stdin=asyncio.subprocess.DEVNULL if in_r is None else in_r,
+            stdout=out_w,
+            stderr=err_w,
+            cwd=cwd,
+            env=environment(config, ctx, cwd),
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise ProcessFailed(f"could not start {config.command[0]}: {exc.strerror or exc}") from exc
+    finally:
+        # The child holds its own copies; ours would keep the pipes from ending.
+        for end in (out_w, err_w, in_r):
+            if end is not None:
+                end.close()
+    return proc, out_r, err_r, in_w
+
+
+class _Group:
+    """The command's process group (its id is the leader's pid), until the run has ended it."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, grace_s: float) -> None:
+        self._proc = proc
+        self._grace = grace_s
+        self._ended = False
+
+    def kill(self) -> None:
+        """SIGKILL the group now; nothing once it has been ended (its id may be reused)."""
+        if not self._ended:
+            _signal_group(self._proc.pid, signal.SIGKILL)
+
+    async def end(self) -> None:
+        """SIGTERM a running leader's group; SIGKILL what is left once it exits or at the grace."""
+        proc = self._proc
+        try:
+            if proc.returncode is None and _signal_group(proc.pid, signal.SIGTERM):
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._grace):
+                        await proc.wait()
+        finally:
+            # Also on a second cancellation: the group never outlives the run.
+            self.kill()
+            self._ended = True
+            await proc.wait()
+
+
+def _outcome(code: int | None, stdout: _Stdout, stderr: _Stderr) -> RunOutcome:
+    if code == 0:
+        return done(stdout.result())
+    last = stderr.last_line
+    tail = "" if last is None else f": {last[:_ERROR_LINE_MAX_CHARS]}"
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        raise ProcessFailed(f"killed by {name}{tail}")
+    raise ProcessFailed(f"exited with status {code}{tail}")
+
+
+def _pipe(files: contextlib.ExitStack) -> tuple[io.FileIO, io.FileIO]:
+    read_fd, write_fd = os.pipe()
+    read_end = files.enter_context(io.FileIO(read_fd, "r"))
+    return read_end, files.enter_context(io.FileIO(write_fd, "w"))
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> bool:
+    """Signal a process group; False when no process is left in it."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member changed its user (setuid): out of reach, still there
+        return True
+    return True
+
+
+def _remove_tree(path: str) -> None:
+    """Remove a run's directory, opening up directories the command made read-only."""
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.lexists(path):
+        return
+    if os.path.islink(path):  # the command replaced its directory: remove only the link
+        os.unlink(path)
+        return
+    # Top down, each directory opened before it is listed; never through a symbolic link.
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
+    for root, dirs, _ in os.walk(path):
+        for name in dirs:
+            inner = os.path.join(root, name)
+            if not os.path.islink(inner):
+                with contextlib.suppress(OSError):
+                    os.chmod(inner, 0o700)
+    try:
+        shutil.rmtree(path)
+    except OSError as exc:
+        log.warning("could not remove a process run's directory %s: %s", path, exc)
+
+
+class _Budget:
+    """The output bytes a run may still write; running out kills its process group."""
+
+    def __init__(self, limit: int, stop: Callable[[], None]) -> None:
+        self._left = limit
+        self._stop = stop
+        self.exceeded = False
+
+    def take(self, data: bytes) -> bytes:
+        """The part of `data` within the budget; stops the group when it runs out."""
+        if self.exceeded:
+            return b""
+        if len(data) > self._left:
+            self.exceeded = True
+            self._stop()
+            return data[: self._left]
+        self._left -= len(data)
+        return data
+
+
+class _Sink(Protocol):
+    """Turns one output pipe's bytes into events."""
+
+    def feed(self, data: bytes) -> None:
+        """Take the next bytes read."""
+
+    def end(self) -> None:
+        """The pipe is closed: flush what is held back."""
+
+
+class _Stdout:
+    """Stdout: `text` events as the bytes arrive, and the run's result (its tail)."""
+
+    def __init__(self, events: Events, result_max: int) -> None:
+        self._events = events
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._result_max = result_max
+        self._parts: list[str] = []
+        self._size = 0
+        self._cut = False
+
+    def feed(self, data: bytes) -> None:
+        """Emit the decoded text (a character split across reads waits for its rest)."""
+        self._add(self._decoder.decode(data))
+
+    def end(self) -> None:
+        """Emit what an incomplete last character leaves (a replacement character)."""
+        self._add(self._decoder.decode(b"", final=True))
+
+    def result(self) -> str:
+        """All of stdout, or its last `result_max` characters after a cut mark."""
+        text = "".join(self._parts)
+        if self._cut or len(text) > self._result_max:
+            return RESULT_CUT_MARK + text[-self._result_max :]
+        return text
+
+    def _add(self, text: str) -> None:
+        if not text:
+            return
+        text = text.replace("\x00", "\ufffd")
+        self._events.text(text)
+        self._parts.append(text)
+        self._size += len(text)
+        if self._size > 2 * self._result_max:  # compact now and then, not at every read
+            kept = "".join(self._parts)[-self._result_max :]
+            self._parts, self._size, self._cut = [kept], len(kept), True
+
+
+class _Stderr:
+    """Stderr: one `log` event per line, long lines cut; remembers the last non-empty line."""
+
+    def __init__(self, events: Events) -> None:
+        self._events = events
+        self._line = bytearray()
+        self._truncated = False
+        self.last_line: str | None = None
+
+    def feed(self, data: bytes) -> None:
+        """Emit each line the bytes complete; hold the unfinished one."""
+        *complete, rest = data.split(b"\n")
+        for part in complete:
+            self._hold(part)
+            self._emit()
+        self._hold(rest)
+
+    def end(self) -> None:
+        """Emit an unfinished last line."""
+        if self._line or self._truncated:
+            self._emit()
+
+    def _hold(self, part: bytes) -> None:
+        room = LINE_MAX_BYTES - len(self._line)
+        if len(part) > room:
+            part = part[:room]
+            self._truncated = True
+        self._line += part
+
+    def _emit(self) -> None:
+        line = self._line.decode("utf-8", errors="replace").removesuffix("\r")
+        line = line.replace("\x00", "\ufffd")
+        data: dict[str, Any] = {"stream": "stderr", "line": line}
+        if self._truncated:
+            data["truncated"] = True
+        self._events.emit(EventKind.LOG, data)
+        if line.strip():
+            self.last_line = line
+        self._line.clear()
+        self._truncated = False
+
+
+class _Reader(asyncio.Protocol):
+    """Hands what one of the command's output pipes carries to its sink, within the budget."""
+
+    def __init__(self, sink: _Sink, budget: _Budget, kill: Callable[[], None]) -> None:
+        self._sink = sink
+        self._budget = budget
+        self._kill = kill
+        self._attached = True
+        self.error: Exception | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        """Pass the bytes on; a sink that fails ends the run (its error is raised after)."""
+        if not self._attached or self.error is not None:
+            return
+        try:
+            self._sink.feed(self._budget.take(data))
+        except Exception as exc:
+            self.error = exc
+            self._kill()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The pipe is closed: let the sink flush, and mark the reader done."""
+        if self._attached and self.error is None:
+            try:
+                self._sink.end()
+            except Exception as err:
+                self.error = err
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def detach(self) -> None:
+        """Pass nothing more to the sink."""
+        self._attached = False
