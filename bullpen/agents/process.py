@@ -32,9 +32,11 @@ collected for at most the grace period (a process that left the group with setsi
 reach and may hold them open).
 
 This scrubs the environment; it does not sandbox. The command runs as the worker's user and can
-read whatever that user can: Bullpen's data directory, and the worker's own environment through
-/proc/<pid>/environ unless the worker is made non-dumpable. The allow-list is the trust
-boundary; allow wrappers that drop privileges or sandbox when agents are not fully trusted.
+read whatever that user can, such as Bullpen's data directory. A worker that runs `process`
+agents makes itself non-dumpable (`protect_worker`), so a command running as the same
+(non-root) user cannot read the worker's environment through /proc/<pid>/environ. The
+allow-list is the trust boundary; allow wrappers that drop privileges or sandbox when agents are
+not fully trusted.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import ctypes
 import functools
 import io
 import json
@@ -254,6 +257,19 @@ def environment(config: ProcessAgentConfig, ctx: RunContext, home: str) -> dict[
         "BULLPEN_RUN_ID": str(ctx.run.id),
         "BULLPEN_TASK_ID": str(ctx.run.task_id),
     }
+
+
+_PR_SET_DUMPABLE = 4
+
+
+def protect_worker() -> bool:
+    """Make this process non-dumpable (Linux): its /proc/<pid>/environ and memory are then
+    readable by root only, not by the commands it starts. Returns whether it took effect."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0
+    except (OSError, AttributeError):  # not Linux: nothing to do
+        return False
 
 
 class ProcessAdapter:

@@ -315,7 +315,8 @@ class Worker:
                 await self._release(run, writer)
                 return
             outcome = _ended(RunStatus.CANCELLED, "cancelled on request")
-        except BullpenError as err:
+        except BullpenError as err:  # http and process agents raise; llm agents return
+            writer.emit(EventKind.ERROR, {"message": err.detail, "code": err.slug})
             outcome = _ended(RunStatus.FAILED, err.detail, transient=err.transient, code=err.slug)
         except Exception:
             log.exception("run %s crashed", run.id)

@@ -9,13 +9,16 @@ make a cycle together.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
+from pydantic import BaseModel
 
+from bullpen.agents.configs import ConfigPolicy, public_config
 from bullpen.domain.access import Permission, need
 from bullpen.domain.principal import Principal
 from bullpen.errors import AgentTerminated, Conflict, InvalidInput, NotFound
@@ -38,9 +41,10 @@ def _check(adapter: str | None = None, status: str | None = None) -> None:
 class AgentService:
     """Creates, changes and reads the agents of the caller's workspace."""
 
-    def __init__(self, store: Store, clock: Callable[[], datetime]) -> None:
+    def __init__(self, store: Store, clock: Callable[[], datetime], configs: ConfigPolicy) -> None:
         self._store = store
         self._clock = clock
+        self._configs = configs
 
     async def list(self, principal: Principal) -> Sequence[Any]:
         """The workspace's agents by name."""
@@ -61,7 +65,7 @@ class AgentService:
         name: str,
         title: str,
         adapter: str,
-        config: dict[str, Any],
+        config: BaseModel,
         max_concurrent_runs: int = 10,
         status: str = "active",
         description: str = "",
@@ -71,20 +75,23 @@ class AgentService:
         need(principal, Permission.AGENTS_WRITE)
         _check(adapter, status)
         now = self._clock()
+        agent_id = uuid.uuid4()
+        stored = self._configs.stored(adapter, config, agent_id)
         async with self._store.write() as conn:
             await self._check_manager(conn, principal, None, reports_to)
-            agent_id = await agent_store.create_agent(
+            await agent_store.create_agent(
                 conn,
                 workspace_id=principal.workspace_id,
                 name=name,
                 title=title,
                 adapter=adapter,
-                config=config,
+                config=stored,
                 now=now,
                 status=status,
                 max_concurrent_runs=max_concurrent_runs,
                 description=description,
                 reports_to=reports_to,
+                agent_id=agent_id,
             )
             await audit.record_by(
                 conn,
@@ -97,7 +104,7 @@ class AgentService:
                     "name": name,
                     "title": title,
                     "adapter": adapter,
-                    "config": config,
+                    "config": public_config(adapter, stored),
                     "status": status,
                     "max_concurrent_runs": max_concurrent_runs,
                     "description": description,
@@ -115,6 +122,13 @@ class AgentService:
         now = self._clock()
         async with self._store.write() as conn:
             before = await self._agent(conn, principal, agent_id)
+            if "config" in changes:
+                changes = {
+                    **changes,
+                    "config": self._configs.stored(
+                        before.adapter, changes["config"], agent_id, before.config
+                    ),
+                }
             changed = {k: v for k, v in changes.items() if getattr(before, k) != v}
             if "status" in changed and before.status == TERMINATED:
                 raise AgentTerminated("a terminated agent cannot be reactivated or paused")
@@ -131,8 +145,8 @@ class AgentService:
                 agent_id,
                 now,
                 {
-                    "before": {k: _plain(getattr(before, k)) for k in changed},
-                    "after": {k: _plain(v) for k, v in changed.items()},
+                    "before": {k: _shown(before.adapter, k, getattr(before, k)) for k in changed},
+                    "after": {k: _shown(before.adapter, k, v) for k, v in changed.items()},
                 },
             )
             return await self._agent(conn, principal, agent_id)
@@ -221,6 +235,8 @@ class AgentService:
         return agent
 
 
-def _plain(value: Any) -> Any:
-    """A value as JSON holds it (UUIDs as strings) for the audit log."""
+def _shown(adapter: str, key: str, value: Any) -> Any:
+    """A changed value as the audit log holds it: UUIDs as strings, configs without secrets."""
+    if key == "config":
+        return public_config(adapter, value)
     return str(value) if isinstance(value, UUID) else value

@@ -39,9 +39,10 @@ async def create_agent(
     max_concurrent_runs: int = 10,
     description: str = "",
     reports_to: UUID | None = None,
+    agent_id: UUID | None = None,
 ) -> UUID:
     """Insert an agent and return its id; a taken name is Conflict."""
-    agent_id = uuid.uuid4()
+    agent_id = agent_id or uuid.uuid4()
     try:
         await conn.execute(
             agents.insert().values(

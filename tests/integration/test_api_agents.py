@@ -23,6 +23,8 @@ CONFIG = {"provider": "simulated", "model": "sim-1"}
 PUBLIC_FIELDS = {
     "id",
     "name",
+    "description",
+    "reports_to",
     "title",
     "adapter",
     "config",
@@ -170,7 +172,8 @@ BAD_BODIES: list[tuple[Any, str]] = [
     ({"name": "semi;colon", "config": CONFIG}, "name"),
     ({"name": "a", "title": "t" * 201, "config": CONFIG}, "title"),
     ({"name": "a", "title": "bell\x07", "config": CONFIG}, "title"),
-    ({"name": "a", "adapter": "http", "config": CONFIG}, "adapter"),
+    ({"name": "a", "adapter": "http", "config": CONFIG}, "config.url"),
+    ({"name": "a", "adapter": "bogus", "config": CONFIG}, "adapter"),
     ({"name": "a"}, "config"),
     ({"name": "a", "config": {"provider": "simulated"}}, "config.model"),
     ({"name": "a", "config": {**CONFIG, "api_key": "sk-x"}}, "config.api_key"),

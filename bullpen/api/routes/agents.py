@@ -9,9 +9,20 @@ from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Response
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+)
 
+from bullpen.agents.configs import public_config
+from bullpen.agents.http import HttpAgentConfig
 from bullpen.agents.llm import LOOP_REPEATS, MAX_STEPS, MAX_WALL_S
+from bullpen.agents.process import ProcessAgentConfig
 from bullpen.api import docs
 from bullpen.api.deps import ServicesDep, require, require_json
 from bullpen.api.idempotency import Idempotent
@@ -49,9 +60,11 @@ LoopRepeats = Annotated[int, Field(ge=2, le=1000, strict=True), BeforeValidator(
 
 
 class Adapter(StrEnum):
-    """How an agent runs; `http` and `process` arrive later."""
+    """How an agent runs: a model's tool loop, a webhook, or a local command."""
 
     LLM = "llm"
+    HTTP = "http"
+    PROCESS = "process"
 
 
 class SettableStatus(StrEnum):
@@ -97,9 +110,25 @@ class LlmAgentConfig(Strict):
         f"runaway loop and stops the run (default {LOOP_REPEATS}).",
     )
 
-    def stored(self) -> dict[str, Any]:
-        """The config as the worker reads it (unset options are left out, not null)."""
-        return self.model_dump(exclude_none=True)
+
+AgentConfig = LlmAgentConfig | HttpAgentConfig | ProcessAgentConfig
+_CONFIG_OF: dict[Adapter, type[BaseModel]] = {
+    Adapter.LLM: LlmAgentConfig,
+    Adapter.HTTP: HttpAgentConfig,
+    Adapter.PROCESS: ProcessAgentConfig,
+}
+
+
+def _config_for(value: Any, adapter: Adapter | None) -> BaseModel:
+    """Validate a config as the given adapter's (or, not knowing it, the one its keys name),
+    so errors point at `config.<field>`."""
+    if adapter is None:
+        keys = value.keys() if isinstance(value, dict) else ()
+        adapter = (
+            Adapter.HTTP if "url" in keys else Adapter.PROCESS if "command" in keys else Adapter.LLM
+        )
+    kind = _CONFIG_OF[adapter]
+    return value if isinstance(value, kind) else kind.model_validate(value)
 
 
 class AgentCreate(Strict):
@@ -120,8 +149,12 @@ class AgentCreate(Strict):
 
     name: AgentName = Field(description="Unique in the workspace.")
     title: AgentTitle = ""
-    adapter: Adapter = Field(default=Adapter.LLM, description="Only `llm` for now.")
-    config: LlmAgentConfig
+    adapter: Adapter = Field(
+        default=Adapter.LLM,
+        description="`llm` (a tool loop over the gateway), `http` (a webhook) or `process` "
+        "(a command on the worker's machine, if the operator allows it).",
+    )
+    config: AgentConfig = Field(description="The adapter's config (its schema by `adapter`).")
     max_concurrent_runs: MaxRuns = Field(default=10, description="Runs of this agent at once.")
     status: SettableStatus = Field(
         default=SettableStatus.ACTIVE, description="A paused agent takes no new tasks."
@@ -135,6 +168,11 @@ class AgentCreate(Strict):
         "manager may delegate subtasks to it.",
     )
 
+    @field_validator("config", mode="wrap")
+    @classmethod
+    def _config_of_adapter(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
+        return _config_for(value, info.data.get("adapter"))
+
 
 class AgentUpdate(Strict):
     """Change an agent (send only what changes; `config` is replaced as a whole)."""
@@ -146,7 +184,16 @@ class AgentUpdate(Strict):
 
     name: AgentName = optional()
     title: AgentTitle = optional()
-    config: LlmAgentConfig = optional("Replaces the whole config.")
+    config: AgentConfig = optional(
+        "Replaces the whole config (of the agent's adapter; an `http` agent's secret is kept "
+        "when left out)."
+    )
+
+    @field_validator("config", mode="wrap")
+    @classmethod
+    def _config_by_keys(cls, value: Any, handler: Any) -> Any:
+        return _config_for(value, None)
+
     max_concurrent_runs: MaxRuns = optional()
     status: SettableStatus = optional("`active` or `paused`.")
     description: Description = optional()
@@ -177,7 +224,7 @@ class AgentPublic(BaseModel):
             name=row.name,
             title=row.title,
             adapter=row.adapter,
-            config=dict(row.config),
+            config=public_config(row.adapter, row.config),
             status=row.status,
             max_concurrent_runs=row.max_concurrent_runs,
             description=row.description,
@@ -243,7 +290,7 @@ _AGENT_LINKS = {
 
 
 async def _service(svc: ServicesDep) -> AgentService:
-    return AgentService(svc.store, svc.clock)
+    return AgentService(svc.store, svc.clock, svc.agent_configs)
 
 
 Agents = Annotated[AgentService, Depends(_service)]
@@ -298,7 +345,7 @@ async def create_agent(
             name=body.name,
             title=body.title,
             adapter=body.adapter.value,
-            config=body.config.stored(),
+            config=body.config,
             max_concurrent_runs=body.max_concurrent_runs,
             status=body.status.value,
             description=body.description,
@@ -337,7 +384,7 @@ async def update_agent(
     """
     changes = body.model_dump(exclude_unset=True)
     if "config" in changes:
-        changes["config"] = body.config.stored()
+        changes["config"] = body.config
     if "status" in changes:
         changes["status"] = body.status.value
     return AgentPublic.from_row(await agents.update(principal, agent_id, changes))

@@ -1,0 +1,66 @@
+"""Agent configs per adapter: what is checked and stored when an agent is configured, and what
+the API shows of a stored config.
+
+An `http` agent's signing secret is sealed (AES-GCM, bound to the agent's id) and never shown;
+its url must be one Bullpen may call. A `process` agent's command must be on the operator's
+allow-list (`BULLPEN_PROCESS_ALLOW`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from pydantic import BaseModel
+
+from bullpen.agents import http, process
+from bullpen.agents.outbound import OutboundAllow
+from bullpen.errors import InvalidInput
+from bullpen.services.secrets import SecretBox
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigPolicy:
+    """What the server allows agents to be configured with."""
+
+    box: SecretBox
+    outbound: OutboundAllow
+    process_allow: frozenset[str]
+
+    def stored(
+        self,
+        adapter: str,
+        config: BaseModel,
+        agent_id: UUID,
+        previous: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The config to store for an agent of `adapter`; InvalidInput if it is not one."""
+        if adapter == "http" and isinstance(config, http.HttpAgentConfig):
+            return http.stored_config(
+                config, box=self.box, agent_id=agent_id, allow=self.outbound, previous=previous
+            )
+        if adapter == "process" and isinstance(config, process.ProcessAgentConfig):
+            process.check_allowed(config, self.process_allow)
+            return config.stored()
+        if adapter == "llm" and not isinstance(
+            config, (http.HttpAgentConfig, process.ProcessAgentConfig)
+        ):
+            return config.model_dump(exclude_none=True)  # unset options are left out, not null
+        raise InvalidInput(
+            f"the config is not an {adapter!r} agent's config",
+            errors=[
+                {
+                    "location": "body",
+                    "field": "config",
+                    "message": f"expected the config of an {adapter!r} agent",
+                    "code": "adapter_mismatch",
+                }
+            ],
+        )
+
+
+def public_config(adapter: str, stored: Mapping[str, Any]) -> dict[str, Any]:
+    """What the API, the audit log and events may show of a stored config."""
+    return http.public_config(stored) if adapter == "http" else dict(stored)
