@@ -262,8 +262,8 @@ def bench(
         str,
         typer.Option(
             help="reference (create, stream, think; ramp to 80), create (create throughput), "
-            "queue (the run queue), relay (the relay's added latency) or streams (live "
-            "streams one API process holds)."
+            "queue (the run queue), relay (the relay's added latency), streams (live "
+            "streams one API process holds) or workflow (three-level agent workflows)."
         ),
     ] = "reference",
     backend: Annotated[
@@ -301,10 +301,14 @@ def bench(
     ] = 32,
     duration: Annotated[
         float,
-        typer.Option(help="[create, relay, streams] Measured seconds per round (streams: level)."),
+        typer.Option(
+            help="[create, relay, streams, workflow] Measured seconds per round (streams, "
+            "workflow: per level)."
+        ),
     ] = 15.0,
     warmup: Annotated[
-        float, typer.Option(help="[create, relay] Warm-up seconds before each round.")
+        float,
+        typer.Option(help="[create, relay, workflow] Warm-up seconds before each round."),
     ] = 3.0,
     rounds: Annotated[
         int, typer.Option(help="[create, relay] Rounds per server (relay: per side and level).")
@@ -333,21 +337,28 @@ def bench(
     redis_url: Annotated[
         str, typer.Option(help="[streams] Redis for --bus redis.")
     ] = "redis://127.0.0.1:6379/0",
+    workflows: Annotated[
+        str, typer.Option(help="[workflow] Workflows kept in flight, per level, e.g. 10,50.")
+    ] = "10,50",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON, no progress bar.")] = False,
 ) -> None:
     """Load tests: the reference scenario (default), create throughput (--scenario create),
     the run queue (--scenario queue: runs/s per worker count, claim latency, noisy neighbour),
-    the relay (--scenario relay: latency it adds over calling the provider directly) or live
-    streams (--scenario streams: streams held, delivery latency, memory, database writes)."""
+    the relay (--scenario relay: latency it adds over calling the provider directly), live
+    streams (--scenario streams: streams held, delivery latency, memory, database writes) or
+    agent workflows (--scenario workflow: workflows/s, how soon a parent wakes)."""
     only: dict[str, tuple[str, ...]] = {
         "reference": ("url", "api_key", "agent_id", "scale", "peak", "hold", "think", "sim"),
         "create": ("baseline_ref", "concurrency", "duration", "warmup", "rounds"),
         "queue": ("runs", "workers", "samples"),
         "relay": ("streams", "duration", "warmup", "rounds"),
         "streams": ("streams", "duration", "bus", "redis_url"),
+        "workflow": ("workflows", "duration", "warmup"),
     }
     if scenario not in only:
-        raise typer.BadParameter("--scenario must be reference, create, queue, relay or streams")
+        raise typer.BadParameter(
+            "--scenario must be reference, create, queue, relay, streams or workflow"
+        )
     if backend not in ("sqlite", "postgres"):
         raise typer.BadParameter("--backend must be sqlite or postgres")
     for other, names in only.items():
@@ -398,6 +409,18 @@ def bench(
             hold=duration,
             bus=bus,
             redis_url=redis_url,
+            as_json=as_json,
+        )
+        return
+    if scenario == "workflow":
+        from bullpen.cli_bench import bench_workflow
+
+        bench_workflow(
+            backend,
+            pg_url=pg_url,
+            workflows=workflows,
+            duration=duration,
+            warmup=warmup,
             as_json=as_json,
         )
         return

@@ -211,3 +211,43 @@ def bench_streams(
             f"commits/s, {s['db_rows_per_s']} rows/s; errors {s['errors']}",
             flush=True,
         )
+
+
+def bench_workflow(
+    backend: str,
+    *,
+    pg_url: str,
+    workflows: str,
+    duration: float,
+    warmup: float,
+    as_json: bool,
+) -> None:
+    """`bullpen bench --scenario workflow`: three-level workflows/s and the parents' wake-up."""
+    from bullpen.bench.workflowbench import run_workflow_bench
+
+    levels = _counts(workflows, "--workflows")
+    if duration <= 0 or warmup < 0:
+        raise typer.BadParameter("--duration must be > 0 and --warmup >= 0")
+    measured = uvloop.run(
+        run_workflow_bench(
+            backend,  # type: ignore[arg-type]
+            pg_admin_url=pg_url,
+            in_flight=levels,
+            duration_s=duration,
+            warmup_s=warmup,
+            on_step=_stepper(as_json),
+        )
+    )
+    summaries = [level.summary() for level in measured]
+    if as_json:
+        print(json.dumps({"backend": backend, "levels": summaries}), flush=True)
+        return
+    for s in summaries:
+        print(
+            f"{s['in_flight']} in flight: {s['workflows_per_s']} workflows/s "
+            f"({s['completed']} done, {s['failed']} failed in {s['duration_s']:g} s); "
+            f"workflow p50 {s['workflow_p50_s']} s, p99 {s['workflow_p99_s']} s; "
+            f"parent wake p50 {s['wake_p50_ms']} ms, p99 {s['wake_p99_ms']} ms, "
+            f"max {s['wake_max_ms']} ms ({s['wakes']} wakes)",
+            flush=True,
+        )
