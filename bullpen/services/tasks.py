@@ -225,7 +225,20 @@ class TaskService:
         return await self.get(principal, task_id)
 
     async def cancel(self, principal: Principal, task_id: UUID) -> tuple[Any, Any]:
-        """Cancel a task: a queued run ends at once, a running one is stopped by its worker."""
+        """Cancel a task: a queued run ends at once, a running one is stopped by its worker.
+
+        Its subtasks that have not ended are cancelled too (each audited), deepest last.
+        """
+        cancelled = await self._cancel_one(principal, task_id)
+        async with self._store.read() as conn:
+            children = await workflow.children(conn, task_id)
+        for child in children:
+            if child.status not in _ENDED:
+                with contextlib.suppress(Conflict):  # it ended meanwhile
+                    await self.cancel(principal, child.id)
+        return cancelled
+
+    async def _cancel_one(self, principal: Principal, task_id: UUID) -> tuple[Any, Any]:
         need(principal, Permission.TASKS_WRITE)
         task, run = await self.get(principal, task_id)
         if task.status == TaskStatus.CANCELLED.value:

@@ -27,6 +27,7 @@ from tests.integration.client import problem_of
 from tests.integration.db import rows
 from tests.integration.team import (
     create_task,
+    delegate,
     faulty_provider,
     finish,
     get_task,
@@ -436,3 +437,28 @@ async def test_a_redelivered_run_resumes_from_its_last_completed_step(
     assert sorted(s.step for s in steps) == [1, 2, 3]
     calls = [data["name"] for kind, data in events.events if kind == "tool_call"]
     assert calls == ["comment", "finish"]
+
+
+async def test_cancelling_a_parent_cancels_its_open_subtasks(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    await faulty_provider(http, server)
+    lead = await make_agent(
+        http, server, "lead", [{"tool_calls": [delegate("stuck", "Wait forever on this")]}]
+    )
+    await make_agent(
+        http, server, "stuck", provider="faulty", model="sim-1@hang", reports_to=lead["id"]
+    )
+    task = await create_task(http, server, lead, "Delegate and wait")
+    await until_status(http, server, task["id"], "blocked")
+    async with http.get(
+        f"{server.base_url}/api/v1/tasks/{task['id']}/dependencies", headers=server.auth
+    ) as resp:
+        child = (await resp.json())["children"][0]
+    await until_status(http, server, child["id"], "running")
+
+    assert (await post(http, server, f"/api/v1/tasks/{task['id']}/cancel")).status == 200
+    assert (await until_ended(http, server, child["id"]))["status"] == "cancelled"
+    assert (await get_task(http, server, task["id"]))["status"] == "cancelled"
+    assert await active_runs(server, child["id"]) == []
+    assert len(await runs_of(server, task["id"])) == 1  # the child's end did not wake it
