@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -10,7 +11,12 @@ from datetime import UTC, datetime, timedelta
 
 from prometheus_client import CollectorRegistry
 
+from bullpen.agents import process
+from bullpen.agents.base import Adapter
+from bullpen.agents.configs import ConfigPolicy
+from bullpen.agents.http import HttpAdapter
 from bullpen.agents.llm import LlmAdapter
+from bullpen.agents.outbound import OutboundAllow
 from bullpen.agents.team import Team
 from bullpen.bench.simprovider import SimConfig, SimulatedProvider
 from bullpen.gateway.breaker import BreakerPolicy, Breakers
@@ -26,6 +32,7 @@ from bullpen.services.bootstrap import SIMULATED_MODEL, SIMULATED_PROVIDER
 from bullpen.services.gateway import Directory, UsageLedger
 from bullpen.services.housekeeping import Housekeeper, Retention
 from bullpen.services.ratelimit import CallerLimits, FailureWindow, Slots, TokenBuckets
+from bullpen.services.routines import RoutineService, Scheduler
 from bullpen.services.secrets import SecretBox, load_secret
 from bullpen.services.tasks import TaskService
 from bullpen.settings import Settings
@@ -43,6 +50,9 @@ from bullpen.streams.eventlog import EventLog
 def utcnow() -> datetime:
     """The clock every service uses unless a test hands in another."""
     return datetime.now(UTC)
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,6 +73,8 @@ class Services:
     worker: Worker | None
     auth: AuthService
     tasks: TaskService
+    agent_configs: ConfigPolicy
+    routines: RoutineService
     limits: CallerLimits
     metrics: CollectorRegistry
     clock: Callable[[], datetime]
@@ -153,12 +165,23 @@ async def build(
         # other processes' through NOTIFY.
         wakeups: list[Callable[[], None]] = []
         team = Team(store, clock, _all(wakeups))
+        outbound = OutboundAllow.parse(settings.outbound_allow)
+        process_allow = process.parse_allow(settings.process_allow)
         if settings.worker_enabled:
+            adapters: dict[str, Adapter] = {
+                "llm": LlmAdapter(gateway, team),
+                "http": await stack.enter_async_context(HttpAdapter(box, outbound)),
+            }
+            if process_allow:
+                if not process.protect_worker():
+                    log.warning("could not make the worker non-dumpable for process agents")
+                # A cancel waits up to 5 s for the run to stop: the command gets 2 s of it.
+                adapters["process"] = process.ProcessAdapter(process_allow, kill_grace_s=2.0)
             worker = await stack.enter_async_context(
                 Worker(
                     store,
                     eventlog,
-                    {"llm": LlmAdapter(gateway, team)},
+                    adapters,
                     team,
                     tuning=worker_tuning(settings),
                     clock=clock,
@@ -183,6 +206,16 @@ async def build(
                 ),
             )
         )
+        if worker is not None:  # routines fire wherever runs execute (any number at once)
+            await stack.enter_async_context(
+                Scheduler(
+                    store,
+                    clock,
+                    interval_s=settings.scheduler_interval_s,
+                    on_enqueued=_all(wakeups),
+                    max_backlog=settings.queue_max_backlog,
+                )
+            )
         readers["bullpen_sse_subscribers"] = ("Live SSE subscribers", lambda: bus.subscriber_count)
         readers["bullpen_event_commits"] = ("Event log group commits", lambda: eventlog.commits)
         if worker is not None:
@@ -236,6 +269,14 @@ async def build(
                 on_enqueued=_all(wakeups),
                 cancel_local=worker.cancel if worker else _not_held,
                 publish=bus.publish,
+                max_backlog=settings.queue_max_backlog,
+                backlog_retry_after_s=settings.queue_backlog_retry_after_s,
+            ),
+            agent_configs=ConfigPolicy(box, outbound, process_allow),
+            routines=RoutineService(
+                store,
+                clock,
+                on_enqueued=_all(wakeups),
                 max_backlog=settings.queue_max_backlog,
                 backlog_retry_after_s=settings.queue_backlog_retry_after_s,
             ),

@@ -16,6 +16,7 @@ import typer
 import uvloop
 from rich.console import Console
 
+from bullpen.cli_agents import agents_cli
 from bullpen.cli_gateway import providers_cli, routes_cli
 
 if TYPE_CHECKING:  # imported where used: they cost the API commands a second or more at start
@@ -478,6 +479,7 @@ def bench(
 
 cli.add_typer(providers_cli, name="providers")
 cli.add_typer(routes_cli, name="routes")
+cli.add_typer(agents_cli, name="agents")
 
 
 def main() -> None:

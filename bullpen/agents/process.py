@@ -74,10 +74,12 @@ log = logging.getLogger(__name__)
 
 ALLOW_SETTING = "BULLPEN_PROCESS_ALLOW"
 
-COMMAND_MAX_ITEMS = 100
-ARG_MAX_CHARS = 4096
-ENV_MAX_ENTRIES = 100
-ENV_VALUE_MAX_CHARS = 32_768
+# Small enough that the largest config fits the API's 64 KiB request body with room to spare.
+COMMAND_MAX_ITEMS = 32
+ARG_MAX_CHARS = 512
+ENV_MAX_ENTRIES = 32
+ENV_NAME_MAX_CHARS = 128
+ENV_VALUE_MAX_CHARS = 1024
 TIMEOUT_DEFAULT_S = 600.0
 TIMEOUT_MAX_S = 86_400.0
 
@@ -114,7 +116,10 @@ _NO_NUL = r"^[^\x00]*$"
 Argument = Annotated[str, StringConstraints(max_length=ARG_MAX_CHARS, pattern=_NO_NUL)]
 AbsolutePath = Annotated[str, StringConstraints(max_length=ARG_MAX_CHARS, pattern=r"^/[^\x00]*$")]
 EnvName = Annotated[
-    str, StringConstraints(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    str,
+    StringConstraints(
+        min_length=1, max_length=ENV_NAME_MAX_CHARS, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$"
+    ),
 ]
 EnvValue = Annotated[str, StringConstraints(max_length=ENV_VALUE_MAX_CHARS, pattern=_NO_NUL)]
 

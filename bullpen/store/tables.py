@@ -121,6 +121,7 @@ agents = sa.Table(
     sa.Column("description", sa.Text, nullable=False, server_default=""),
     sa.UniqueConstraint("workspace_id", "name", name="uq_agents_workspace_name"),
     sa.CheckConstraint("status IN ('active', 'paused', 'terminated')", name="status"),
+    sa.Index("ix_agents_reports_to", "reports_to"),
 )
 
 api_keys = sa.Table(
@@ -163,6 +164,14 @@ tasks = sa.Table(
     # step that created it (`<step>.<call>`), so a retried step never creates it twice.
     sa.Column("parent_id", sa.Uuid, sa.ForeignKey("tasks.id", ondelete="CASCADE")),
     sa.Column("origin_key", sa.String(64)),
+    # Whether the parent waits for this task (a fire-and-forget delegation does not).
+    sa.Column("blocks_parent", sa.Boolean, nullable=False, server_default=sa.true()),
+    # Counters that let a run's end skip the tree queries for the tasks that have no tree:
+    # children the task waits for plus its blockers, ever attached; tasks it blocks; completed
+    # tool steps of its `llm` agent.
+    sa.Column("dependencies", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("dependents", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("steps", sa.Integer, nullable=False, server_default="0"),
     sa.UniqueConstraint("workspace_id", "number", name="uq_tasks_workspace_number"),
     sa.UniqueConstraint("parent_id", "origin_key", name="uq_tasks_parent_origin"),
     sa.Index("ix_tasks_parent", "parent_id"),
@@ -190,9 +199,7 @@ task_blockers = sa.Table(
     "task_blockers",
     metadata,
     sa.Column("task_id", sa.Uuid, sa.ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
-    sa.Column(
-        "blocker_id", sa.Uuid, sa.ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False
-    ),
+    sa.Column("blocker_id", sa.Uuid, sa.ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
     sa.Column("workspace_id", sa.Uuid, nullable=False),
     _created(),
     sa.PrimaryKeyConstraint("task_id", "blocker_id"),
@@ -358,4 +365,60 @@ cost_events = sa.Table(
     sa.Column("cost_usd", sa.Float, nullable=False),
     _created(),
     sa.Index("ix_cost_events_workspace_created", "workspace_id", "created_at"),
+)
+
+# Routines (migration 0007): a cron schedule in a time zone that creates a task for an agent.
+# `next_fire_at` is the next slot not yet handled (NULL: disabled, or the schedule has ended);
+# `last_task_id` is the task of the latest fire, which the `skip` concurrency policy checks.
+routines = sa.Table(
+    "routines",
+    metadata,
+    _id(),
+    _workspace_fk(),
+    sa.Column("name", sa.String(100), nullable=False),
+    sa.Column("agent_id", sa.Uuid, sa.ForeignKey("agents.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("cron", sa.String(100), nullable=False),
+    sa.Column("timezone", sa.String(64), nullable=False),
+    sa.Column("title", sa.String(200)),
+    sa.Column("prompt", sa.Text, nullable=False),
+    sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("labels", JSONType, nullable=False, server_default="[]"),
+    sa.Column("concurrency", sa.String(8), nullable=False),
+    sa.Column("catch_up", sa.String(8), nullable=False),
+    sa.Column("enabled", sa.Boolean, nullable=False),
+    sa.Column("next_fire_at", UTCDateTime),
+    sa.Column("last_task_id", sa.Uuid),  # no foreign key: a deleted task has simply ended
+    sa.Column("creator_user_id", sa.Uuid, sa.ForeignKey("users.id", ondelete="SET NULL")),
+    sa.Column("creator_key_id", sa.Uuid, sa.ForeignKey("api_keys.id", ondelete="SET NULL")),
+    _created(),
+    sa.Column("updated_at", UTCDateTime, nullable=False),
+    sa.UniqueConstraint("workspace_id", "name", name="uq_routines_workspace_name"),
+    sa.CheckConstraint("concurrency IN ('skip', 'queue')", name="concurrency"),
+    sa.CheckConstraint("catch_up IN ('skip', 'latest', 'all')", name="catch_up"),
+    sa.Index("ix_routines_next_fire_at", "next_fire_at"),
+    sa.Index("ix_routines_agent_id", "agent_id"),
+    sa.Index("ix_routines_workspace_created", "workspace_id", "created_at", "id"),
+)
+
+# One row per slot a routine handled: the primary key is what keeps two schedulers from
+# firing the same slot twice (the loser's insert conflicts and it creates nothing).
+routine_fires = sa.Table(
+    "routine_fires",
+    metadata,
+    sa.Column(
+        "routine_id", sa.Uuid, sa.ForeignKey("routines.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("slot_at", UTCDateTime, nullable=False),
+    sa.Column("workspace_id", sa.Uuid, nullable=False),
+    sa.Column("source", sa.String(16), nullable=False),
+    sa.Column("outcome", sa.String(16), nullable=False),
+    sa.Column("detail", sa.Text),
+    sa.Column("task_id", sa.Uuid),
+    _created(),
+    sa.PrimaryKeyConstraint("routine_id", "slot_at"),
+    sa.CheckConstraint("source IN ('schedule', 'manual')", name="source"),
+    sa.CheckConstraint(
+        "outcome IN ('created', 'skipped_open', 'skipped_agent', 'skipped_backlog', 'missed')",
+        name="outcome",
+    ),
 )

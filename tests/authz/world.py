@@ -23,6 +23,7 @@ from bullpen.services.secrets import SecretBox
 from bullpen.store import agents as agent_store
 from bullpen.store import gateway as gateway_store
 from bullpen.store import identity
+from bullpen.store import routines as routine_store
 from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection, Store
 from bullpen.store.tables import metadata, runs, tasks
@@ -125,6 +126,23 @@ async def seed_tenant(store: Store, secret: bytes, csrf: Any, now: datetime, lab
         await conn.execute(tasks.update().where(tasks.c.id == failed.id).values(status="failed"))
         await conn.execute(runs.update().where(runs.c.id == failed_run.id).values(status="failed"))
         tenant.objects["failed_task"] = str(failed.id)
+        routine = await routine_store.create_routine(
+            conn,
+            {
+                "workspace_id": ws,
+                "name": f"routine-{tag}",
+                "agent_id": agent,
+                "cron": "0 9 * * 1-5",
+                "timezone": "UTC",
+                "prompt": PROMPT,
+                "concurrency": "skip",
+                "catch_up": "latest",
+                "enabled": True,
+                "next_fire_at": now + timedelta(days=1),
+            },
+            now,
+        )
+        tenant.objects["routine"] = str(routine)
         await _gateway(conn, tenant, secret, ws, tag, now)
     return tenant
 

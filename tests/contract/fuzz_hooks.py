@@ -19,6 +19,9 @@ from typing import Any
 
 import schemathesis
 
+from bullpen.errors import InvalidInput
+from bullpen.services.routines import first_slot
+
 # The seeded tenant's ids (workspace, users, API keys, agents), comma-separated, set by the test.
 PROTECTED_IDS_ENV = "BULLPEN_FUZZ_PROTECTED_IDS"
 # The workspace the test seeded to be deleted, and its owner's key (the only key that can).
@@ -83,6 +86,10 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
     - `models` (body) of a provider, when two entries really share a `name`: uniqueness of one
       property of array items, which JSON Schema cannot express (`uniqueItems` compares whole
       items).
+    - `config` (body) of an agent change, refused as another adapter's config: the valid
+      config depends on the stored agent's adapter, which a schema of the request cannot know.
+    - `cron` or `timezone` (body) of a routine, when the API's own check really refuses it: which
+      cron expressions can fire and which IANA time zones exist, which JSON Schema cannot express.
 
     So a 422 for any other field, or for a cursor mixed with another field, still fails the run.
     Each dropped failure is logged to `DROPPED_LOG` in the working directory (the test's tmp dir).
@@ -116,6 +123,24 @@ def _excused(error: Any, case: Any) -> bool:
         return _outside_key_lifetime(case.body)
     if where == ("body", "models"):
         return _repeated_model_names(case.body)
+    if where == ("body", "config") and error.get("code") == "adapter_mismatch":
+        # PATCH /agents/{id}: a config is valid only for the adapter the stored agent has.
+        return case.method.upper() == "PATCH"
+    if where in (("body", "cron"), ("body", "timezone")):
+        return _refused_schedule(where[1], case.body)
+    return False
+
+
+def _refused_schedule(field: str, body: Any) -> bool:
+    """Whether the API's own schedule check refuses the body's `cron` or `timezone`."""
+    value = body.get(field) if isinstance(body, dict) else None
+    if not isinstance(value, str):
+        return False
+    cron, timezone = (value, "UTC") if field == "cron" else ("0 0 1 1 *", value)
+    try:
+        first_slot(cron, timezone, datetime.now(UTC))
+    except InvalidInput:
+        return True
     return False
 
 
@@ -162,7 +187,9 @@ def _spare_seeded_tenant(case: Any) -> None:
     test. Generation-time `filter_case` would not see the ids stateful links fill in.
     """
     method = case.method.upper()
-    if method not in MUTATING or not case.path_parameters:
+    # Pausing or terminating the seeded agent would refuse every later task (and routine fire).
+    lifecycle = method == "POST" and case.operation.path.endswith(("/pause", "/terminate"))
+    if (method not in MUTATING and not lifecycle) or not case.path_parameters:
         return
     protected = {i for i in os.environ.get(PROTECTED_IDS_ENV, "").lower().split(",") if i}
     for name, value in list(case.path_parameters.items()):

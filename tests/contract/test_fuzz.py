@@ -11,9 +11,10 @@ runner computes schemathesis's warnings, and it runs the coverage and stateful p
 inference, which the pytest integration does not. Its JSON report is what the assertions read;
 its console output (failures with curl reproductions) is the assertion message.
 
-The tenant it starts with: the bootstrap workspace, its owner's API key (the fuzzer's identity)
-and demo agent, which `fuzz_hooks.py` keeps it from deleting or changing; a cancelled task and
-its run, offered as path ids half of the time (cancel, retry and run reads need one that exists);
+The tenant it starts with: the bootstrap workspace, its owner's API key (the fuzzer's identity),
+demo agent and a routine of it, which `fuzz_hooks.py` keeps it from deleting or changing; a
+cancelled task and its run, offered as path ids half of the time (cancel, retry and run reads
+need one that exists), as is the routine (so firing one is reached);
 and a second workspace with its own owner key, whose only use is to be deleted.
 
 Knobs: `BULLPEN_FUZZ_MAX_EXAMPLES` (default 20 per operation),
@@ -44,7 +45,7 @@ import sqlalchemy as sa
 
 from bullpen.domain.principal import Role
 from bullpen.store import identity
-from bullpen.store.tables import agents, api_keys, users, workspaces
+from bullpen.store.tables import agents, api_keys, routines, users, workspaces
 from tests.conftest import RunningServer
 from tests.integration.seed import member_with_key
 
@@ -95,6 +96,7 @@ class Tenant:
     protected_ids: list[str]
     provider_id: str
     route_id: str
+    routine_id: str
     workspace_id: str
 
 
@@ -127,6 +129,16 @@ async def _seed(server: RunningServer) -> Tenant:
         async with http.post(f"{server.base_url}/api/v1/model-routes", json=route) as resp:
             assert resp.status == 201, await resp.text()
             route_id = (await resp.json())["id"]
+        # A routine of the seeded agent (one slot a year: it never fires during the run).
+        routine = {
+            "name": "fuzz-routine",
+            "agent_id": str(server.boot.agent_id),
+            "cron": "0 0 1 1 *",
+            "prompt": PROMPT,
+        }
+        async with http.post(f"{server.base_url}/api/v1/routines", json=routine) as resp:
+            assert resp.status == 201, await resp.text()
+            routine_id = (await resp.json())["id"]
     svc = server.services
     async with svc.store.write() as conn:
         doomed = await identity.create_workspace(
@@ -143,7 +155,7 @@ async def _seed(server: RunningServer) -> Tenant:
     async with svc.store.read() as conn:
         ids = [
             str(row_id)
-            for table in (workspaces, users, api_keys, agents)
+            for table in (workspaces, users, api_keys, agents, routines)
             for row_id in (await conn.execute(sa.select(table.c.id))).scalars()
         ]
     return Tenant(
@@ -156,6 +168,7 @@ async def _seed(server: RunningServer) -> Tenant:
         protected_ids=[i for i in ids if i != str(doomed)],
         provider_id=provider_id,
         route_id=route_id,
+        routine_id=routine_id,
         workspace_id=str(server.boot.workspace_id),
     )
 
@@ -211,6 +224,9 @@ values = ["{tenant.provider_id}"]
 [dictionaries.seeded_route]
 values = ["{tenant.route_id}"]
 
+[dictionaries.seeded_routine]
+values = ["{tenant.routine_id}"]
+
 [dictionaries.own_workspace]
 values = ["{tenant.workspace_id}"]
 
@@ -225,6 +241,7 @@ values = ["fuzz-route"]
 "path.run_id" = {{ dictionary = "seeded_run", probability = 0.5 }}
 "path.provider_id" = {{ dictionary = "seeded_provider", probability = 0.5 }}
 "path.route_id" = {{ dictionary = "seeded_route", probability = 0.5 }}
+"path.routine_id" = {{ dictionary = "seeded_routine", probability = 0.5 }}
 # The fuzzer's own workspace (renaming it harms nothing; DELETE gets the doomed one, below).
 "path.workspace_id" = {{ dictionary = "own_workspace", probability = 0.5 }}
 # The relay's `model`: half the time the seeded route, else whatever was generated (a 404).

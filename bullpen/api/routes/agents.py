@@ -5,19 +5,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Request, Response
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    GetJsonSchemaHandler,
     StringConstraints,
+    TypeAdapter,
     ValidationInfo,
     field_validator,
 )
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bullpen.agents.configs import public_config
 from bullpen.agents.http import HttpAgentConfig
@@ -131,8 +136,27 @@ def _config_for(value: Any, adapter: Adapter | None) -> BaseModel:
     return value if isinstance(value, kind) else kind.model_validate(value)
 
 
-class AgentCreate(Strict):
-    """A new agent."""
+class _AgentFields(Strict):
+    """What every new agent has, whatever its adapter."""
+
+    name: AgentName = Field(description="Unique in the workspace.")
+    title: AgentTitle = ""
+    max_concurrent_runs: MaxRuns = Field(default=10, description="Runs of this agent at once.")
+    status: SettableStatus = Field(
+        default=SettableStatus.ACTIVE, description="A paused agent takes no new tasks."
+    )
+    description: Description = Field(
+        default="", description="What the agent does; an `llm` agent gets it as instructions."
+    )
+    reports_to: UUID | None = Field(
+        default=None,
+        description="The agent's manager in the org chart (an agent of the workspace); the "
+        "manager may delegate subtasks to it.",
+    )
+
+
+class LlmAgentCreate(_AgentFields):
+    """A new `llm` agent: a tool loop over the gateway."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -147,31 +171,49 @@ class AgentCreate(Strict):
         },
     )
 
-    name: AgentName = Field(description="Unique in the workspace.")
-    title: AgentTitle = ""
-    adapter: Adapter = Field(
-        default=Adapter.LLM,
-        description="`llm` (a tool loop over the gateway), `http` (a webhook) or `process` "
-        "(a command on the worker's machine, if the operator allows it).",
-    )
-    config: AgentConfig = Field(description="The adapter's config (its schema by `adapter`).")
-    max_concurrent_runs: MaxRuns = Field(default=10, description="Runs of this agent at once.")
-    status: SettableStatus = Field(
-        default=SettableStatus.ACTIVE, description="A paused agent takes no new tasks."
-    )
-    description: Description = Field(
-        default="", description="What the agent does; an `llm` agent gets it as instructions."
-    )
-    reports_to: UUID | None = Field(
-        default=None,
-        description="The agent's manager in the org chart (an agent of the workspace); the "
-        "manager may delegate subtasks to it.",
-    )
+    adapter: Literal["llm"] = "llm"
+    config: LlmAgentConfig
+
+
+class HttpAgentCreate(_AgentFields):
+    """A new `http` agent: a webhook Bullpen calls with each run."""
+
+    adapter: Literal["http"]
+    config: HttpAgentConfig
+
+
+class ProcessAgentCreate(_AgentFields):
+    """A new `process` agent: a command the operator allows, run on the worker's machine."""
+
+    adapter: Literal["process"]
+    config: ProcessAgentConfig
+
+
+_CREATE_VARIANTS: TypeAdapter[Any] = TypeAdapter(
+    LlmAgentCreate | HttpAgentCreate | ProcessAgentCreate
+)
+
+
+class AgentCreate(_AgentFields):
+    """A new agent: `adapter` (default `llm`) and that adapter's `config`.
+
+    Documented as one schema per adapter, as it is validated: a config of another adapter
+    than the one named is refused at `config.<field>`.
+    """
+
+    adapter: Adapter = Adapter.LLM
+    config: AgentConfig
 
     @field_validator("config", mode="wrap")
     @classmethod
     def _config_of_adapter(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
         return _config_for(value, info.data.get("adapter"))
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return handler(_CREATE_VARIANTS.core_schema)
 
 
 class AgentUpdate(Strict):
@@ -309,6 +351,13 @@ async def list_agents(principal: Reader, agents: Agents) -> AgentList:
     return AgentList(items=[AgentPublic.from_row(row) for row in rows])
 
 
+async def _not_the_tree(request: Request) -> None:
+    """`/agents/tree` is the org chart, read-only: other methods get 405, not an agent id's
+    answer (the `{agent_id}` routes would otherwise take it)."""
+    if request.path_params.get("agent_id") == "tree":
+        raise StarletteHTTPException(405, headers={"Allow": "GET"})
+
+
 @router.get(
     "/tree",
     operation_id="getOrgChart",
@@ -370,7 +419,7 @@ async def get_agent(agent_id: AgentId, principal: Reader, agents: Agents) -> Age
     "/{agent_id}",
     operation_id="updateAgent",
     response_model=AgentPublic,
-    dependencies=[Depends(require_json)],
+    dependencies=[Depends(_not_the_tree), Depends(require_json)],
     responses=docs.problems(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
     summary="Change, pause or resume an agent",
 )
@@ -393,6 +442,7 @@ async def update_agent(
 @router.delete(
     "/{agent_id}",
     operation_id="deleteAgent",
+    dependencies=[Depends(_not_the_tree)],
     status_code=204,
     response_class=Response,
     responses=docs.problems(401, 403, 404, 409, 422, 429, 503),

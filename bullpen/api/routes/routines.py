@@ -19,16 +19,20 @@ from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
 from bullpen.services.routines import CATCH_UP_MAX, RoutineService
 
-Cron = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=r"^[\x20-\x7e]+$")]
+# Five fields of cron's characters, one space apart; which of them can fire, and which zone
+# names exist, the service checks (422 naming the field).
+_FIELD = r"[0-9A-Za-z*,/#-]+"
+Cron = Annotated[str, StringConstraints(max_length=100, pattern=rf"^{_FIELD}( {_FIELD}){{4}}$")]
 TimeZone = Annotated[
-    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_+./-]+$")
+    str,
+    StringConstraints(max_length=64, pattern=r"^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$"),
 ]
 Prompt = Annotated[str, Field(min_length=PROMPT_MIN, max_length=PROMPT_MAX, strict=True)]
 Enabled = Annotated[bool, Field(strict=True)]
 
 _CRON = (
-    "Five fields, `minute hour day-of-month month day-of-week` (cron syntax: `*`, lists, "
-    "ranges, steps, `JAN`–`DEC`, `SUN`–`SAT`, and `L`, `LW`, `#`), in `timezone`."
+    "Five fields one space apart, `minute hour day-of-month month day-of-week` (cron syntax: "
+    "`*`, lists, ranges, steps, `JAN`–`DEC`, `SUN`–`SAT`, and `L`, `LW`, `#`), in `timezone`."
 )
 
 

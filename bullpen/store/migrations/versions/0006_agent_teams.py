@@ -24,9 +24,7 @@ _ACTIVE = "status IN ('queued', 'running')"
 def upgrade() -> None:
     with op.batch_alter_table("agents", schema=None) as batch_op:
         batch_op.add_column(sa.Column("reports_to", sa.Uuid(), nullable=True))
-        batch_op.add_column(
-            sa.Column("description", sa.Text(), server_default="", nullable=False)
-        )
+        batch_op.add_column(sa.Column("description", sa.Text(), server_default="", nullable=False))
         batch_op.create_foreign_key(
             "fk_agents_reports_to_agents", "agents", ["reports_to"], ["id"], ondelete="SET NULL"
         )
@@ -48,9 +46,7 @@ def upgrade() -> None:
         batch_op.create_index("ix_tasks_parent", ["parent_id"], unique=False)
     with op.batch_alter_table("task_comments", schema=None) as batch_op:
         batch_op.add_column(sa.Column("origin_key", sa.String(64), nullable=True))
-        batch_op.create_unique_constraint(
-            "uq_task_comments_task_origin", ["task_id", "origin_key"]
-        )
+        batch_op.create_unique_constraint("uq_task_comments_task_origin", ["task_id", "origin_key"])
     op.create_table(
         "task_blockers",
         sa.Column(
