@@ -24,6 +24,7 @@ from bullpen.cli_gateway import (
     _print_json,
     _print_table,
     console,
+    read_secret,
 )
 
 if TYPE_CHECKING:
@@ -198,23 +199,9 @@ def agents_show(
 
 def _secret(env_var: str | None, from_stdin: bool) -> str | None:
     """A webhook's signing secret from $env_var or stdin (never argv, which `ps` shows)."""
-    import getpass
-    import os
-    import sys
-
-    if env_var is not None and from_stdin:
-        raise typer.BadParameter("give --secret-env or --secret-stdin, not both")
-    if env_var is not None:
-        secret = os.environ.get(env_var, "").strip()
-        if not secret:
-            _fail(f"environment variable {env_var} is not set or empty")
-        return secret
-    if not from_stdin:
-        return None
-    secret = getpass.getpass("webhook secret: ") if sys.stdin.isatty() else sys.stdin.read()
-    if not secret.strip():
-        _fail("no webhook secret on stdin")
-    return secret.strip()
+    return read_secret(
+        env_var, from_stdin, what="webhook secret", flags=("--secret-env", "--secret-stdin")
+    )
 
 
 def _config_object(text: str) -> dict[str, Any]:
@@ -410,13 +397,8 @@ def agents_terminate(
 
 @agents_cli.command("delete")
 def agents_delete(agent: AgentRef, url: ServerUrl = DEFAULT_URL, *, api_key: ServerKey) -> None:
-    """Delete an agent that has no tasks (one with tasks is refused: pause or terminate it).
-
-    The agents reporting to it then report to nobody.
-    """
-    agents = _agents(url, api_key)
-    found = _resolve(agents, agent)
+    """Delete an agent with no tasks and no reports (else refused: pause or terminate it, or
+    give its reports another manager first)."""
+    found = _find(url, api_key, agent)
     _call(url, api_key, "DELETE", f"/api/v1/agents/{found['id']}")
-    reports = [other["name"] for other in agents if other["reports_to"] == found["id"]]
-    orphans = f"; {', '.join(reports)} now report to nobody" if reports else ""
-    _say(f"deleted agent {found['name']}{orphans}")
+    _say(f"deleted agent {found['name']}")

@@ -226,8 +226,7 @@ def bench_workflow(
     from bullpen.bench.workflowbench import run_workflow_bench
 
     levels = _counts(workflows, "--workflows")
-    if duration <= 0 or warmup < 0:
-        raise typer.BadParameter("--duration must be > 0 and --warmup >= 0")
+    _check_window(duration, warmup)
     measured = uvloop.run(
         run_workflow_bench(
             backend,  # type: ignore[arg-type]

@@ -142,25 +142,37 @@ def _parse_model(spec: str) -> dict[str, Any]:
     return model
 
 
-def _provider_key(env_var: str | None, from_stdin: bool) -> str | None:
-    """The provider key from $env_var or stdin (never from argv, which `ps` and history show)."""
+def read_secret(
+    env_var: str | None, from_stdin: bool, *, what: str, flags: tuple[str, str]
+) -> str | None:
+    """A secret (`what`) from $env_var or stdin, never from argv (which `ps` and history show);
+    `flags` are the two options' names, for the error."""
     import getpass
     import os
     import sys
 
     if env_var is not None and from_stdin:
-        raise typer.BadParameter("give --api-key-env or --api-key-stdin, not both")
+        raise typer.BadParameter(f"give {flags[0]} or {flags[1]}, not both")
     if env_var is not None:
-        key = os.environ.get(env_var, "").strip()
-        if not key:
+        value = os.environ.get(env_var, "").strip()
+        if not value:
             _fail(f"environment variable {env_var} is not set or empty")
-        return key
+        return value
     if not from_stdin:
         return None
-    key = getpass.getpass("provider API key: ") if sys.stdin.isatty() else sys.stdin.read()
-    if not key.strip():
-        _fail("no provider API key on stdin")
-    return key.strip()
+    value = getpass.getpass(f"{what}: ") if sys.stdin.isatty() else sys.stdin.read()
+    if not value.strip():
+        _fail(f"no {what} on stdin")
+    return value.strip()
+
+
+def _provider_key(env_var: str | None, from_stdin: bool) -> str | None:
+    return read_secret(
+        env_var,
+        from_stdin,
+        what="provider API key",
+        flags=("--api-key-env", "--api-key-stdin"),
+    )
 
 
 def _provider_fields(

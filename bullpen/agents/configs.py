@@ -16,7 +16,7 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from bullpen.agents import http, process
-from bullpen.agents.outbound import OutboundAllow
+from bullpen.agents.outbound import OutboundAllow, OutboundRefused
 from bullpen.errors import InvalidInput
 from bullpen.services.secrets import SecretBox
 
@@ -38,9 +38,25 @@ class ConfigPolicy:
     ) -> dict[str, Any]:
         """The config to store for an agent of `adapter`; InvalidInput if it is not one."""
         if adapter == "http" and isinstance(config, http.HttpAgentConfig):
-            return http.stored_config(
-                config, box=self.box, agent_id=agent_id, allow=self.outbound, previous=previous
-            )
+            try:
+                return http.stored_config(
+                    config,
+                    box=self.box,
+                    agent_id=agent_id,
+                    allow=self.outbound,
+                    previous=previous,
+                )
+            except InvalidInput as err:
+                if err.errors:
+                    raise
+                field, code = (
+                    ("config.url", "outbound_refused")
+                    if isinstance(err, OutboundRefused)
+                    else ("config.secret", "missing")
+                    if config.secret is None and "secret" in err.detail
+                    else ("config.url", "invalid_url")
+                )
+                raise type(err)(err.detail, errors=[_field(field, err.detail, code)]) from None
         if adapter == "process" and isinstance(config, process.ProcessAgentConfig):
             process.check_allowed(config, self.process_allow)
             return config.stored()
@@ -48,17 +64,15 @@ class ConfigPolicy:
             config, (http.HttpAgentConfig, process.ProcessAgentConfig)
         ):
             return config.model_dump(exclude_none=True)  # unset options are left out, not null
+        message = f"expected the config of an {adapter!r} agent"
         raise InvalidInput(
             f"the config is not an {adapter!r} agent's config",
-            errors=[
-                {
-                    "location": "body",
-                    "field": "config",
-                    "message": f"expected the config of an {adapter!r} agent",
-                    "code": "adapter_mismatch",
-                }
-            ],
+            errors=[_field("config", message, "adapter_mismatch")],
         )
+
+
+def _field(field: str, message: str, code: str) -> dict[str, str]:
+    return {"location": "body", "field": field, "message": message, "code": code}
 
 
 def public_config(adapter: str, stored: Mapping[str, Any]) -> dict[str, Any]:

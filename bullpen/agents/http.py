@@ -101,8 +101,9 @@ class WebhookTimeout(WebhookFailed):
     title = "Webhook agent timed out"
 
 
-# Printable, no spaces: a URL as typed, before `check_url` reads it.
-_URL_PATTERN = r"^[^\x00-\x20\x7f]+$"
+# http(s)://, a host without user name or password, then anything printable without spaces;
+# `check_url` reads the rest.
+_URL_PATTERN = r"^[Hh][Tt][Tt][Pp][Ss]?://[^\x00-\x20\x7f/?#@]+([/?#][^\x00-\x20\x7f]*)?$"
 
 
 class HttpAgentConfig(BaseModel):

@@ -80,6 +80,7 @@ ARG_MAX_CHARS = 512
 ENV_MAX_ENTRIES = 32
 ENV_NAME_MAX_CHARS = 128
 ENV_VALUE_MAX_CHARS = 1024
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 TIMEOUT_DEFAULT_S = 600.0
 TIMEOUT_MAX_S = 86_400.0
 
@@ -117,9 +118,7 @@ Argument = Annotated[str, StringConstraints(max_length=ARG_MAX_CHARS, pattern=_N
 AbsolutePath = Annotated[str, StringConstraints(max_length=ARG_MAX_CHARS, pattern=r"^/[^\x00]*$")]
 EnvName = Annotated[
     str,
-    StringConstraints(
-        min_length=1, max_length=ENV_NAME_MAX_CHARS, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$"
-    ),
+    StringConstraints(min_length=1, max_length=ENV_NAME_MAX_CHARS, pattern=ENV_NAME_PATTERN),
 ]
 EnvValue = Annotated[str, StringConstraints(max_length=ENV_VALUE_MAX_CHARS, pattern=_NO_NUL)]
 
@@ -161,7 +160,13 @@ class ProcessAgentConfig(BaseModel):
 
     command: Annotated[list[Argument], Field(min_length=1, max_length=COMMAND_MAX_ITEMS)] = Field(
         description="The executable (an absolute path the operator allows in "
-        f"`{ALLOW_SETTING}`) and its arguments; no shell is involved."
+        f"`{ALLOW_SETTING}`) and its arguments; no shell is involved.",
+        # The first item is the executable: absolute (JSON Schema 2020-12 `prefixItems`).
+        json_schema_extra={
+            "prefixItems": [
+                {"type": "string", "maxLength": ARG_MAX_CHARS, "pattern": r"^/[^\x00]*$"}
+            ]
+        },
     )
     cwd: AbsolutePath | None = Field(
         default=None,
@@ -173,6 +178,15 @@ class ProcessAgentConfig(BaseModel):
         description="Extra environment variables; the worker's own environment is never "
         "passed on. `BULLPEN_…`, `PATH`, `HOME`, `LD_…` and other names that make programs "
         "load code are refused.",
+        # Names outside the pattern are refused too (pydantic documents the pattern alone).
+        json_schema_extra={
+            "additionalProperties": False,
+            "propertyNames": {
+                "minLength": 1,
+                "maxLength": ENV_NAME_MAX_CHARS,
+                "pattern": ENV_NAME_PATTERN,
+            },
+        },
     )
     timeout_s: float = Field(
         default=TIMEOUT_DEFAULT_S,

@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
 
 from bullpen.api.deps import audit_denial
 from bullpen.errors import BullpenError
@@ -137,14 +137,30 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     )
 
 
+def _flat(routes: list[BaseRoute]) -> list[BaseRoute]:
+    """Routes with included routers opened up (FastAPI keeps those as one route each)."""
+    out: list[BaseRoute] = []
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        out.extend(_flat(inner.routes) if inner is not None else [route])
+    return out
+
+
 def _allowed_methods(request: Request) -> list[str]:
-    """Every method some route serves at this path (Starlette reports only the first route)."""
-    allowed = {
-        method
-        for method in ("GET", "POST", "PUT", "PATCH", "DELETE")
-        for route in request.app.router.routes
-        if route.matches({**request.scope, "method": method})[0] is Match.FULL
-    }
+    """Every method some route serves at this path (Starlette reports only the first route).
+
+    A path some route names literally (`/agents/tree`) is that route's only, not also a value
+    of another route's parameter (`/agents/{agent_id}`).
+    """
+    serving: list[tuple[str, bool]] = []  # (method, whether the route names the path literally)
+    routes = _flat(request.app.router.routes)
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+        for route in routes:
+            match, child = route.matches({**request.scope, "method": method, "path_params": {}})
+            if match is Match.FULL:
+                serving.append((method, not child.get("path_params")))
+    literal = [method for method, named in serving if named]
+    allowed = set(literal or [method for method, _ in serving])
     if "GET" in allowed:
         allowed.add("HEAD")
     return sorted(allowed)

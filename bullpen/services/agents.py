@@ -192,12 +192,12 @@ class AgentService:
             key = principal.workspace_id.int & 0x7FFF_FFFF_FFFF_FFFF
             await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
         if manager == agent_id:
-            raise InvalidInput("an agent cannot report to itself")
+            raise Conflict("an agent cannot report to itself")
         found = await agent_store.get_agent(conn, principal.workspace_id, manager)
         if found is None:
-            raise InvalidInput("reports_to: no such agent in this workspace")
+            raise NotFound("reports_to: no such agent in this workspace")
         if found.status == TERMINATED:
-            raise InvalidInput(f"reports_to: agent {found.name!r} is terminated")
+            raise AgentTerminated(f"reports_to: agent {found.name!r} is terminated")
         if agent_id is not None and agent_id in await agent_store.managers(
             conn, principal.workspace_id, manager
         ):
@@ -212,6 +212,12 @@ class AgentService:
         now = self._clock()
         async with self._store.write() as conn:
             agent = await self._agent(conn, principal, agent_id)
+            reports = await agent_store.reports_of(conn, principal.workspace_id, agent_id)
+            if reports:
+                raise Conflict(
+                    f"agent {agent.name!r} has reports ({', '.join(reports)}); give them "
+                    "another manager (or none) first"
+                )
             if await agent_store.has_tasks(conn, agent_id):
                 raise Conflict(
                     f"agent {agent.name!r} has tasks and cannot be deleted; "

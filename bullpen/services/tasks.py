@@ -21,7 +21,6 @@ from bullpen.errors import (
     AgentTerminated,
     Conflict,
     Forbidden,
-    InvalidInput,
     NotFound,
     RateLimited,
 )
@@ -96,7 +95,7 @@ class TaskService:
             if parent_id is not None:
                 parent = await task_store.get_task(conn, principal.workspace_id, parent_id)
                 if parent is None:
-                    raise InvalidInput("parent_id: no such task in this workspace")
+                    raise NotFound("parent_id: no such task in this workspace")
                 if parent.status in _ENDED:
                     raise Conflict(f"the parent task has ended ({parent.status})")
             await self._check_backlog(conn, principal.workspace_id)

@@ -151,3 +151,13 @@ async def open_tasks(conn: Connection, agent_id: UUID) -> list[UUID]:
         .order_by(tasks.c.created_at)
     )
     return [row.id for row in rows]
+
+
+async def reports_of(conn: Connection, workspace_id: UUID, agent_id: UUID) -> list[str]:
+    """The names of the agents reporting to `agent_id`."""
+    rows = await conn.execute(
+        sa.select(agents.c.name)
+        .where(agents.c.workspace_id == workspace_id, agents.c.reports_to == agent_id)
+        .order_by(agents.c.name)
+    )
+    return [row.name for row in rows]

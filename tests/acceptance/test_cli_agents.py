@@ -158,9 +158,14 @@ def test_an_org_is_built_drawn_and_rearranged(cli: Cli, tmp_path: Path) -> None:
     assert "Summer intern" in shown and "sim-1" in shown
     assert "analyst-a" not in shown  # no longer its manager
 
+    refused = cli("delete", "lead")
+    assert refused.returncode == 1
+    assert "has reports (analyst-a, analyst-b)" in refused.stderr, refused.stderr
+    for report in ("analyst-a", "analyst-b"):
+        cli.ok("set", report, "--no-manager")
     deleted = cli("delete", "lead")
     assert deleted.returncode == 0
-    assert deleted.stderr.strip() == "deleted agent lead; analyst-a, analyst-b now report to nobody"
+    assert deleted.stderr.strip() == "deleted agent lead"
     roots = [node["name"] for node in cli.api("/api/v1/agents/tree")["roots"]]
     assert roots == ["analyst-a", "analyst-b", "demo", "intern"]
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import schemathesis
 
+from bullpen.agents.outbound import OutboundAllow, check_url
+from bullpen.agents.process import env_name_denied
 from bullpen.errors import InvalidInput
 from bullpen.services.routines import first_slot
 
@@ -33,8 +35,10 @@ OWN_WORKSPACE_ENV = "BULLPEN_FUZZ_OWN_WORKSPACE"
 # Stands in for a protected id: well-formed, and no row has it, so the answer is a plain 404.
 UNKNOWN_ID = "00000000-0000-4000-8000-000000000000"
 MUTATING = frozenset({"DELETE", "PATCH", "PUT"})
-# Renaming the seeded workspace harms nothing, and PATCH is how its one operation is reached.
-CHANGEABLE = frozenset({"workspace_id"})
+# Renaming the seeded workspace, or changing the seeded routine, harms nothing, and PATCH is how
+# their one operation is reached (a routine the fuzzer creates is rare: most bodies it makes
+# are refused).
+CHANGEABLE = frozenset({"workspace_id", "routine_id"})
 IDEMPOTENCY_KEY = "idempotency-key"
 # A key the API accepts: 1-255 printable ASCII characters.
 VALID_KEY = re.compile(r"[ -~]{1,255}")
@@ -86,6 +90,10 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
     - `models` (body) of a provider, when two entries really share a `name`: uniqueness of one
       property of array items, which JSON Schema cannot express (`uniqueItems` compares whole
       items).
+    - an agent's `config.command.0` not on the operator's `BULLPEN_PROCESS_ALLOW`, a
+      `config.url` the API's own outbound check refuses (non-public addresses, hosts that do
+      not parse), or a `config.env` with a name the API refuses (a case-insensitive deny-list):
+      server settings and address facts a schema cannot carry.
     - `config` (body) of an agent change, refused as another adapter's config: the valid
       config depends on the stored agent's adapter, which a schema of the request cannot know.
     - `cron` or `timezone` (body) of a routine, when the API's own check really refuses it: which
@@ -123,11 +131,31 @@ def _excused(error: Any, case: Any) -> bool:
         return _outside_key_lifetime(case.body)
     if where == ("body", "models"):
         return _repeated_model_names(case.body)
+    config = case.body.get("config") if isinstance(case.body, dict) else None
+    if where == ("body", "config.command.0") and error.get("code") == "not_allowed":
+        return True  # the operator's BULLPEN_PROCESS_ALLOW (empty on the fuzz server)
+    if where == ("body", "config.url") and isinstance(config, dict):
+        return _refused_url(config.get("url"))
+    if where == ("body", "config.env") and isinstance(config, dict):
+        env = config.get("env")
+        return isinstance(env, dict) and any(env_name_denied(str(name)) for name in env)
     if where == ("body", "config") and error.get("code") == "adapter_mismatch":
         # PATCH /agents/{id}: a config is valid only for the adapter the stored agent has.
         return case.method.upper() == "PATCH"
     if where in (("body", "cron"), ("body", "timezone")):
         return _refused_schedule(where[1], case.body)
+    return False
+
+
+def _refused_url(url: Any) -> bool:
+    """Whether the API's own check refuses to call the url (a non-public address, a host that
+    does not parse as one), with no allow-list."""
+    if not isinstance(url, str):
+        return False
+    try:
+        check_url(url, OutboundAllow.parse(""))
+    except InvalidInput:
+        return True
     return False
 
 

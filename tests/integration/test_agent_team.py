@@ -126,10 +126,24 @@ async def test_the_org_chart_nests_reports_and_refuses_cycles(
         problem = await problem_of(resp, 409)
     assert "cycle" in problem["detail"]
     async with http.patch(url, json={"reports_to": ceo["id"]}, headers=server.auth) as resp:
-        await problem_of(resp, 422)
+        await problem_of(resp, 409)
+    missing = "00000000-0000-4000-8000-000000000000"
+    async with http.patch(url, json={"reports_to": missing}, headers=server.auth) as resp:
+        await problem_of(resp, 404)
     async with http.patch(
         f"{server.base_url}/api/v1/agents/{dev['id']}",
         json={"reports_to": None},
         headers=server.auth,
     ) as resp:
         assert resp.status == 200 and (await resp.json())["reports_to"] is None
+
+
+async def test_the_org_chart_path_is_read_only(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    url = f"{server.base_url}/api/v1/agents/tree"
+    for method in ("OPTIONS", "PATCH", "DELETE", "PUT"):
+        async with http.request(method, url, json={"title": "x"}, headers=server.auth) as resp:
+            problem = await problem_of(resp, 405)
+            assert resp.headers["Allow"] == "GET, HEAD", (method, resp.headers["Allow"])
+        assert problem["type"].endswith("/method-not-allowed")

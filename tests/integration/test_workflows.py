@@ -113,7 +113,7 @@ async def test_bad_blockers_and_parents_are_refused(
     async with http.post(url, json={**body, "blocked_by": [missing]}, headers=server.auth) as r:
         await problem_of(r, 404)
     async with http.post(url, json={**body, "parent_id": missing}, headers=server.auth) as r:
-        await problem_of(r, 422)
+        await problem_of(r, 404)
     async with http.post(
         url, json={**body, "blocked_by": [missing] * 51}, headers=server.auth
     ) as r:

@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     GetJsonSchemaHandler,
+    SecretStr,
     StringConstraints,
     TypeAdapter,
     ValidationInfo,
@@ -25,7 +26,7 @@ from pydantic_core import CoreSchema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bullpen.agents.configs import public_config
-from bullpen.agents.http import HttpAgentConfig
+from bullpen.agents.http import SECRET_CHARS, HttpAgentConfig
 from bullpen.agents.llm import LOOP_REPEATS, MAX_STEPS, MAX_WALL_S
 from bullpen.agents.process import ProcessAgentConfig
 from bullpen.api import docs
@@ -175,11 +176,22 @@ class LlmAgentCreate(_AgentFields):
     config: LlmAgentConfig
 
 
+class NewHttpAgentConfig(HttpAgentConfig):
+    """A new `http` agent's config: its `secret` is required."""
+
+    secret: SecretStr = Field(
+        min_length=SECRET_CHARS[0],
+        max_length=SECRET_CHARS[1],
+        description="The key of each request's HMAC-SHA256 signature (`Bullpen-Signature`); "
+        "never shown again (the config shows `secret_hint`).",
+    )
+
+
 class HttpAgentCreate(_AgentFields):
     """A new `http` agent: a webhook Bullpen calls with each run."""
 
     adapter: Literal["http"]
-    config: HttpAgentConfig
+    config: NewHttpAgentConfig
 
 
 class ProcessAgentCreate(_AgentFields):
@@ -207,7 +219,14 @@ class AgentCreate(_AgentFields):
     @field_validator("config", mode="wrap")
     @classmethod
     def _config_of_adapter(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
-        return _config_for(value, info.data.get("adapter"))
+        adapter = info.data.get("adapter")
+        if adapter is Adapter.HTTP:  # a new webhook agent needs its secret
+            return (
+                value
+                if isinstance(value, NewHttpAgentConfig)
+                else (NewHttpAgentConfig.model_validate(value))
+            )
+        return _config_for(value, adapter)
 
     @classmethod
     def __get_pydantic_json_schema__(
@@ -378,7 +397,7 @@ async def org_tree(principal: Reader, agents: Agents) -> OrgChart:
     dependencies=[Depends(require_json)],
     responses={
         **docs.created(AgentPublic, "The agent", _AGENT_LINKS),
-        **docs.problems(400, 401, 403, 409, 413, 415, 422, 429, 503),
+        **docs.problems(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
     },
     summary="Create an agent",
 )
