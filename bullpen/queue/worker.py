@@ -337,7 +337,12 @@ class Worker:
 
         try:
             applied = await self._eventlog.commit_final(
-                writer, EventKind.END, {"status": outcome.status.value}, change
+                writer,
+                EventKind.END,
+                {"status": outcome.status.value},
+                change,
+                # A subtask's parent may be waiting for this end: no coalescing wait.
+                urgent=run.parent_id is not None,
             )
         except BullpenError as err:
             log.warning("could not record the end of run %s: %s", run.id, err.detail)

@@ -173,16 +173,21 @@ class EventLog:
         kind: EventKind,
         data: dict[str, Any],
         change: Callable[[Connection], Awaitable[bool]],
+        *,
+        urgent: bool = False,
     ) -> bool:
         """Commit the run's last event with its final state change, then publish it.
 
         The final joins the next group commit: after the writer's pending events, in the same
         transaction as other runs' events and finals (one commit for many runs' ends). `change`
         returns False to refuse (a fenced attempt): then nothing of the final is stored.
+        `urgent` skips the coalescing wait (an end someone waits for, such as a subtask's).
         """
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._finals.append(_Final(writer, kind, data, change, done))
         self._dirty.add(writer)
+        if urgent:
+            self._urgent.set()
         self._wake.set()
         return await done
 
