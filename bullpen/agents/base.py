@@ -10,8 +10,7 @@ started (child processes, upstream requests) before letting it propagate.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
@@ -90,7 +89,6 @@ class RunContext:
     agent_name: str
     events: Events
     started_at: datetime
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The run context as JSON (what a webhook agent receives)."""
