@@ -1,5 +1,5 @@
 """Real `bullpen` processes in tests: their environment, a free port, `bullpen up` until it
-listens."""
+listens, the bootstrap API key, and CLI commands run as processes."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from bullpen.app import open_store, utcnow
+from bullpen.services.bootstrap import ensure_bootstrap
+from bullpen.services.secrets import load_secret
 from bullpen.settings import Settings
 
 
@@ -78,3 +81,43 @@ def wait_until_listening(port: int, proc: subprocess.Popen[str], seconds: float 
             if time.monotonic() > deadline or proc.poll() is not None:
                 pytest.fail("server did not start")
             time.sleep(0.05)
+
+
+async def bootstrap_key(settings: Settings) -> str:
+    """The first start's API key, made in process (a `bullpen init` process costs seconds)."""
+    async with open_store(settings) as store:
+        secret = load_secret(settings.secret_key, settings.data_dir)
+        boot = await ensure_bootstrap(store, secret, utcnow)
+    assert boot.api_key is not None
+    return boot.api_key
+
+
+@dataclass
+class BullpenCli:
+    """Runs `bullpen <prefix> …` as a process; keeps every output for leak checks."""
+
+    env: dict[str, str]
+    api_key: str
+    prefix: tuple[str, ...] = ()
+    outputs: list[str] = field(default_factory=list)
+
+    def __call__(self, *args: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess[str]:
+        """Run with `stdin` as input (empty: end of file at once) and `env` added."""
+        done = subprocess.run(
+            [sys.executable, "-m", "bullpen", *self.prefix, *args],
+            env={**self.env, **env},
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        self.outputs += [done.stdout, done.stderr]
+        assert "Traceback" not in done.stdout + done.stderr, done.stderr
+        return done
+
+    def ok(self, *args: str, stdin: str = "") -> str:
+        """Run, expect exit 0, return stdout."""
+        done = self(*args, stdin=stdin)
+        assert done.returncode == 0, done.stderr
+        return done.stdout

@@ -8,54 +8,33 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bullpen.apiclient import request
-from bullpen.app import open_store, utcnow
-from bullpen.services.bootstrap import ensure_bootstrap
-from bullpen.services.secrets import load_secret
 from bullpen.settings import Settings
-from tests.acceptance.processes import bullpen_up, free_port, process_env
+from tests.acceptance.processes import (
+    BullpenCli,
+    bootstrap_key,
+    bullpen_up,
+    free_port,
+    process_env,
+)
 
 WEBHOOK_SECRET = f"whsec-clitest-{uuid.uuid4().hex}"
 
 
 @dataclass
-class Cli:
-    """Runs `bullpen …` against the module's server; keeps every output for the leak check."""
+class Cli(BullpenCli):
+    """`bullpen agents …` against the module's server."""
 
-    env: dict[str, str]
-    url: str
-    api_key: str
-    outputs: list[str] = field(default_factory=list)
-
-    def __call__(self, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            [sys.executable, "-m", "bullpen", "agents", *args],
-            env=self.env,
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        self.outputs += [done.stdout, done.stderr]
-        assert "Traceback" not in done.stdout + done.stderr, done.stderr
-        return done
-
-    def ok(self, *args: str, stdin: str = "") -> str:
-        """Run, expect exit 0, return stdout."""
-        done = self(*args, stdin=stdin)
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+    url: str = ""
+    prefix: tuple[str, ...] = ("agents",)
 
     def json(self, *args: str) -> Any:
         """Run with --json, expect exit 0, return the parsed stdout."""
@@ -66,20 +45,12 @@ class Cli:
         return request("GET", self.url, path, api_key=self.api_key)[1]
 
 
-async def _bootstrap(settings: Settings) -> str:
-    async with open_store(settings) as store:
-        secret = load_secret(settings.secret_key, settings.data_dir)
-        boot = await ensure_bootstrap(store, secret, utcnow)
-    assert boot.api_key is not None
-    return boot.api_key
-
-
 @pytest.fixture(scope="module")
 def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
     """One `bullpen up` for the module, and its bootstrap API key in BULLPEN_API_KEY."""
     settings = Settings(data_dir=tmp_path_factory.mktemp("data"), secret_key="t" * 40)
     env = process_env(settings, outbound_allow="127.0.0.1/32")
-    api_key = asyncio.run(_bootstrap(settings))  # in process: a `bullpen init` costs seconds
+    api_key = asyncio.run(bootstrap_key(settings))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with bullpen_up(env, port):
@@ -91,8 +62,8 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
                 "HOOK_SECRET": WEBHOOK_SECRET,
                 "COLUMNS": "200",  # usage errors come in a box that wraps at the width
             },
-            url,
             api_key,
+            url=url,
         )
 
 

@@ -8,53 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from bullpen.app import open_store, utcnow
-from bullpen.services.bootstrap import ensure_bootstrap
-from bullpen.services.secrets import load_secret
 from bullpen.settings import Settings
-from tests.acceptance.processes import bullpen_up, free_port, process_env
+from tests.acceptance.processes import (
+    BullpenCli,
+    bootstrap_key,
+    bullpen_up,
+    free_port,
+    process_env,
+)
 
 PROVIDER_KEY = f"sk-clitest-{uuid.uuid4().hex}"
 
 
 @dataclass
-class Cli:
-    """Runs `bullpen …` against the module's server; keeps every output for the leak check."""
-
-    env: dict[str, str]
-    api_key: str
-    outputs: list[str] = field(default_factory=list)
-
-    def __call__(
-        self, *args: str, stdin: str | None = None, **env: str
-    ) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            [sys.executable, "-m", "bullpen", *args],
-            env={**self.env, **env},
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        self.outputs += [done.stdout, done.stderr]
-        assert "Traceback" not in done.stdout + done.stderr, done.stderr
-        return done
-
-    def ok(self, *args: str, stdin: str | None = None) -> str:
-        """Run, expect exit 0, return stdout."""
-        done = self(*args, stdin=stdin)
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+class Cli(BullpenCli):
+    """`bullpen …` against the module's server."""
 
     def listed(self, what: str) -> dict[str, dict[str, Any]]:
         """`bullpen <what> list --json`, by name."""
@@ -62,20 +37,12 @@ class Cli:
         return {item["name"]: item for item in items}
 
 
-async def _bootstrap(settings: Settings) -> str:
-    async with open_store(settings) as store:
-        secret = load_secret(settings.secret_key, settings.data_dir)
-        boot = await ensure_bootstrap(store, secret, utcnow)
-    assert boot.api_key is not None
-    return boot.api_key
-
-
 @pytest.fixture(scope="module")
 def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
     """One `bullpen up` for the module, and its bootstrap API key in BULLPEN_API_KEY."""
     settings = Settings(data_dir=tmp_path_factory.mktemp("data"), secret_key="t" * 40)
     env = process_env(settings)
-    api_key = asyncio.run(_bootstrap(settings))  # in process: a `bullpen init` costs seconds
+    api_key = asyncio.run(bootstrap_key(settings))
     port = free_port()
     with bullpen_up(env, port):
         yield Cli(
