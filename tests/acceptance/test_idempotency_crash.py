@@ -94,7 +94,7 @@ async def test_killed_between_claim_and_commit_then_retried(settings: Settings) 
             await holder.execute("BEGIN")
             await holder.execute("SELECT 1 FROM workspaces FOR UPDATE")
             pending = asyncio.create_task(_create(http, base, boot, key))
-            for _ in range(400):  # up to 20 s: a loaded machine is slow to get there
+            for _ in range(1200):  # up to 60 s: a loaded machine is slow to get there
                 waiting = await holder.fetchval(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
                 )
