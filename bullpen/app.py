@@ -44,6 +44,7 @@ from bullpen.streams.bus.base import Bus
 from bullpen.streams.bus.memory import Hub, MemoryBus
 from bullpen.streams.bus.postgres import PgNotify
 from bullpen.streams.bus.shared import SharedBus, Transport
+from bullpen.streams.changes import Feeds
 from bullpen.streams.eventlog import EventLog
 
 
@@ -63,6 +64,7 @@ class Services:
     store: Store
     secret: bytes
     bus: Bus
+    feeds: Feeds
     eventlog: EventLog
     gateway: Gateway
     directory: Directory
@@ -129,6 +131,8 @@ async def build(
                 )
             )
         bus = await open_bus(settings, stack)
+        feeds = Feeds(store, bus.hub, poll_s=settings.workspace_poll_s)
+        stack.push_async_callback(feeds.close)
         eventlog = await stack.enter_async_context(
             EventLog(store, bus, coalesce_s=settings.coalesce_ms / 1000, clock=clock)
         )
@@ -163,7 +167,7 @@ async def build(
         worker: Worker | None = None
         # Who hears of a run enqueued here (filled below): this process's worker, and the
         # other processes' through NOTIFY.
-        wakeups: list[Callable[[], None]] = []
+        wakeups: list[Callable[[], None]] = [feeds.nudge]
         team = Team(store, clock, _all(wakeups))
         outbound = OutboundAllow.parse(settings.outbound_allow)
         process_allow = process.parse_allow(settings.process_allow)
@@ -243,6 +247,7 @@ async def build(
             store=store,
             secret=secret,
             bus=bus,
+            feeds=feeds,
             eventlog=eventlog,
             gateway=gateway,
             directory=directory,

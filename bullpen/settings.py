@@ -79,7 +79,11 @@ class Settings(BaseSettings):
     sse_max_subscribers_per_workspace: int = Field(default=2_500, ge=1)
     # Events buffered per subscriber; a reader that falls further behind re-reads the store.
     sse_buffer_events: int = Field(default=1024, ge=16)
-    # How long run events are kept (streams can be resumed from any point within it).
+    # How often a workspace status stream polls the task change log (one poll per workspace
+    # per process, however many clients); a run starting or ending, or a task enqueued by this
+    # process, polls at once.
+    workspace_poll_s: float = Field(default=0.25, gt=0, le=60)
+    # How long run events and task changes are kept (streams resume from any point within it).
     event_retention_days: float = Field(default=30.0, gt=0)
     event_cleanup_batch: int = Field(default=5_000, ge=100)
 

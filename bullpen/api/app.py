@@ -20,6 +20,7 @@ from bullpen.api.routes import (
     agents,
     api_keys,
     audit,
+    events,
     members,
     providers,
     relay,
@@ -79,6 +80,7 @@ API_ROUTERS: list[APIRouter] = [
         tasks,
         routines,
         runs,
+        events,
         audit,
         providers,
     )

@@ -1,4 +1,5 @@
-"""Housekeeping: delete expired idempotency keys, sessions and run events in bounded batches."""
+"""Housekeeping: delete expired idempotency keys, sessions, run events and task changes in
+bounded batches."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from bullpen.errors import BullpenError
+from bullpen.store import changes as task_changes
 from bullpen.store import events as run_events
 from bullpen.store import idempotency as idempotency_keys
 from bullpen.store import identity
@@ -21,7 +23,8 @@ BATCH = 1000
 
 @dataclass(frozen=True, slots=True)
 class Retention:
-    """How long run events are kept, and how many one cleanup transaction deletes."""
+    """How long run events and task changes are kept, and how many rows one cleanup
+    transaction deletes."""
 
     events: timedelta = timedelta(days=30)
     event_batch: int = 5_000
@@ -34,6 +37,7 @@ async def sweep(store: Store, now: datetime, retention: Retention = Retention())
         (idempotency_keys.delete_expired, now, BATCH),
         (identity.delete_expired_sessions, now, BATCH),
         (run_events.delete_expired, cutoff, retention.event_batch),
+        (task_changes.delete_expired, cutoff, retention.event_batch),
     ]
     total = 0
     for delete, when, batch in jobs:

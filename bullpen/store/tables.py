@@ -282,6 +282,31 @@ run_events = sa.Table(
     sa.Index("ix_run_events_created", "created_at"),
 )
 
+# Every task's creation and status change, written by triggers on `tasks` (migration 0008) in
+# the changing transaction; the workspace stream reads it in (xid, id) order.
+task_changes = sa.Table(
+    "task_changes",
+    metadata,
+    sa.Column(
+        "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), sa.Identity(), primary_key=True
+    ),
+    # PostgreSQL: the writing transaction's id (see bullpen/store/changes.py); SQLite: 0.
+    sa.Column("xid", sa.BigInteger, nullable=False),
+    _workspace_fk(),
+    sa.Column("task_id", sa.Uuid, nullable=False),
+    sa.Column("parent_id", sa.Uuid),
+    sa.Column("agent_id", sa.Uuid, nullable=False),
+    sa.Column("number", sa.BigInteger, nullable=False),
+    sa.Column("status", sa.String(24), nullable=False),
+    sa.Column("previous", sa.String(24)),  # None for a creation
+    sa.Column("title", sa.String(200)),  # only for a creation
+    sa.Column("at", UTCDateTime, nullable=False),
+    sa.Index("ix_task_changes_feed", "workspace_id", "xid", "id"),
+    sa.Index("ix_task_changes_task", "task_id"),
+    sa.Index("ix_task_changes_at", "at"),
+    sqlite_autoincrement=True,
+)
+
 audit_events = sa.Table(
     "audit_events",
     metadata,

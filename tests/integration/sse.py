@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,10 +31,11 @@ async def read_events(
     headers: dict[str, str],
     *,
     stop_after: int | None = None,
+    until: Callable[[list[Event]], bool] | None = None,
     markers: bool = False,
 ) -> list[Event]:
-    """Read a stream to its end (or `stop_after` events), returning the events with ids (and
-    the markers without, if asked)."""
+    """Read a stream to its end (or `stop_after` events, or until `until(events)` holds),
+    returning the events with ids (and the markers without, if asked)."""
     events: list[Event] = []
     async with session.get(url, headers={**headers, "Accept": "text/event-stream"}) as resp:
         assert resp.status == 200, await resp.text()
@@ -51,6 +53,8 @@ async def read_events(
                         continue
                     events.append(event)
                     if stop_after is not None and len(events) >= stop_after:
+                        return events
+                    if until is not None and until(events):
                         return events
                 continue
             name, _, value = line.partition(": ")

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from uuid import UUID
 
-from bullpen.domain.events import RunEvent
+from bullpen.domain.events import EventKind, RunEvent
 from bullpen.errors import RateLimited, Unavailable
 
 DEFAULT_BUFFER = 1024
@@ -124,10 +124,20 @@ class Hub:
         self._per_workspace: dict[UUID, int] = {}
         self.count = 0
         self.lagged_total = 0  # times a subscriber was sent back to the store
+        # Called after a delivery that held a run's status change (tasks change with them).
+        self.status_watchers: list[Callable[[], None]] = []
 
     def open(self, task_id: UUID, workspace_id: UUID) -> Subscriber:
         """A new subscriber to `task_id`'s events; 503 or 429 (with Retry-After) beyond the
         limits."""
+        self.admit(workspace_id)
+        sub = Subscriber(self, task_id, workspace_id, self._buffer)
+        self._by_task.setdefault(task_id, set()).add(sub)
+        return sub
+
+    def admit(self, workspace_id: UUID) -> None:
+        """Count one more live stream of the workspace, or raise 503 or 429 (with
+        Retry-After) beyond the limits; `release` it when the stream ends."""
         if self.count >= self._max:
             raise Unavailable(
                 f"this server holds its limit of {self._max} live streams; retry shortly",
@@ -140,11 +150,17 @@ class Hub:
                 "on this server; close one or retry shortly",
                 retry_after=_RETRY_AFTER_S,
             )
-        sub = Subscriber(self, task_id, workspace_id, self._buffer)
-        self._by_task.setdefault(task_id, set()).add(sub)
         self._per_workspace[workspace_id] = held + 1
         self.count += 1
-        return sub
+
+    def release(self, workspace_id: UUID) -> None:
+        """A stream counted by `admit` has ended."""
+        left = self._per_workspace[workspace_id] - 1
+        if left:
+            self._per_workspace[workspace_id] = left
+        else:
+            del self._per_workspace[workspace_id]
+        self.count -= 1
 
     def remove(self, sub: Subscriber) -> None:
         """Forget a subscriber (called by `Subscriber.close`)."""
@@ -154,21 +170,23 @@ class Hub:
         subs.discard(sub)
         if not subs:
             del self._by_task[sub.task_id]
-        left = self._per_workspace[sub.workspace_id] - 1
-        if left:
-            self._per_workspace[sub.workspace_id] = left
-        else:
-            del self._per_workspace[sub.workspace_id]
-        self.count -= 1
+        self.release(sub.workspace_id)
 
     def deliver(self, events: Sequence[RunEvent]) -> None:
-        """Hand each event to its task's subscribers."""
+        """Hand each event to its task's subscribers; tell the status watchers when a run
+        started or ended (its task's status changed with it)."""
         by_task = self._by_task
+        status = False
         for event in events:
+            if event.kind is EventKind.STATUS or event.kind is EventKind.END:
+                status = True
             subs = by_task.get(event.task_id)
             if subs:
                 for sub in subs:
                     sub.offer(event)
+        if status:
+            for watcher in self.status_watchers:
+                watcher()
 
     def lag(self, task_ids: Iterable[UUID] | None = None) -> None:
         """Make the subscribers of `task_ids` (all, when None) re-read the store: events for

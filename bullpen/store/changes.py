@@ -1,0 +1,158 @@
+"""The task change log: every task's creation and status change, in an order readers can
+follow without missing one.
+
+Triggers on `tasks` (migration 0008) write a row in the transaction that made the change, so
+every path (create, claim, finish, cancel, retry, wake) is covered and a rolled-back change
+leaves nothing.
+
+The order is (xid, id), the cursor a reader resumes from. On SQLite one transaction writes at a
+time, so ids are in commit order and xid is 0. On PostgreSQL ids are taken before commit and
+transactions commit in any order, so a reader reading by id alone could pass a row that
+commits later with a lower id. There `xid` is the writing transaction's id, and a reader takes
+only rows whose transaction ended before the oldest one still running (`xid <
+pg_snapshot_xmin`): every row that can still appear sorts after them. A write transaction left
+open holds the stream back until it ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+
+from bullpen.store.base import Connection
+from bullpen.store.tables import task_changes, tasks, workspaces
+
+Cursor = tuple[int, int]  # (xid, id): a position in the change log
+START: Cursor = (0, 0)  # before every change
+
+_C = task_changes.c
+_XMIN = sa.cast(
+    sa.cast(sa.func.pg_snapshot_xmin(sa.func.pg_current_snapshot()), sa.Text), sa.BigInteger
+)
+_FIELDS = (
+    _C.xid,
+    _C.id,
+    _C.task_id,
+    _C.parent_id,
+    _C.agent_id,
+    _C.number,
+    _C.status,
+    _C.previous,
+    _C.title,
+    _C.at,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskChange:
+    """One task's creation (`previous` is None) or status change."""
+
+    cursor: Cursor
+    task_id: UUID
+    parent_id: UUID | None
+    agent_id: UUID
+    number: str  # as the API shows it: `<workspace task key>-<number>`
+    status: str
+    previous: str | None
+    title: str | None
+    at: datetime
+
+    def data(self) -> dict[str, Any]:
+        """The change as a stream event's data."""
+        out: dict[str, Any] = {
+            "task_id": str(self.task_id),
+            "number": self.number,
+            "parent_id": None if self.parent_id is None else str(self.parent_id),
+            "agent_id": str(self.agent_id),
+            "status": self.status,
+            "previous": self.previous,
+            "at": self.at.isoformat(),
+        }
+        if self.title is not None:
+            out["title"] = self.title
+        return out
+
+
+def _safe(conn: Connection) -> sa.ColumnElement[bool]:
+    """Rows no transaction can still commit below (always true on SQLite)."""
+    if conn.dialect.name == "postgresql":
+        return _C.xid < _XMIN
+    return sa.true()
+
+
+async def after(
+    conn: Connection, workspace_id: UUID, cursor: Cursor, limit: int
+) -> tuple[list[TaskChange], bool]:
+    """Up to `limit` changes of the workspace after `cursor`, in order, and whether committed
+    changes beyond them are held back for transactions still running (PostgreSQL)."""
+    safe = _safe(conn).label("safe")
+    rows = (
+        await conn.execute(
+            sa.select(*_FIELDS, workspaces.c.task_key, safe)
+            .join(workspaces, workspaces.c.id == _C.workspace_id)
+            .where(_C.workspace_id == workspace_id, sa.tuple_(_C.xid, _C.id) > sa.tuple_(*cursor))
+            .order_by(_C.xid, _C.id)
+            .limit(limit)
+        )
+    ).all()
+    out = [_change(row) for row in rows if row.safe]
+    return out, len(out) < len(rows)
+
+
+async def head(conn: Connection, workspace_id: UUID) -> Cursor:
+    """The position after the workspace's last change a reader can take now."""
+    row = (
+        await conn.execute(
+            sa.select(_C.xid, _C.id)
+            .where(_C.workspace_id == workspace_id, _safe(conn))
+            .order_by(_C.xid.desc(), _C.id.desc())
+            .limit(1)
+        )
+    ).first()
+    return START if row is None else (int(row.xid), int(row.id))
+
+
+async def first_of(conn: Connection, task_ids: Collection[UUID]) -> Cursor | None:
+    """The position just before the earliest stored change of any of `task_ids`."""
+    row = (
+        await conn.execute(
+            sa.select(_C.xid, _C.id)
+            .where(_C.task_id.in_(task_ids))
+            .order_by(_C.xid, _C.id)
+            .limit(1)
+        )
+    ).first()
+    return None if row is None else (int(row.xid), int(row.id) - 1)
+
+
+async def subtree(conn: Connection, root_id: UUID) -> set[UUID]:
+    """The task and all its descendants."""
+    tree = sa.select(tasks.c.id).where(tasks.c.id == root_id).cte("tree", recursive=True)
+    tree = tree.union_all(sa.select(tasks.c.id).where(tasks.c.parent_id == tree.c.id))
+    return set((await conn.execute(sa.select(tree.c.id))).scalars())
+
+
+async def delete_expired(conn: Connection, cutoff: datetime, limit: int) -> int:
+    """Delete up to `limit` changes made before `cutoff`; returns how many."""
+    doomed = sa.select(_C.id).where(_C.at < cutoff).order_by(_C.at).limit(limit)
+    result = await conn.execute(task_changes.delete().where(_C.id.in_(doomed)))
+    return int(result.rowcount)
+
+
+def _change(row: Any) -> TaskChange:
+    return TaskChange(
+        cursor=(int(row.xid), int(row.id)),
+        task_id=row.task_id,
+        parent_id=row.parent_id,
+        agent_id=row.agent_id,
+        number=f"{row.task_key}-{row.number}",
+        status=row.status,
+        previous=row.previous,
+        title=row.title,
+        at=row.at,
+    )

@@ -1,0 +1,160 @@
+"""The workspace stream over real sockets, on both backends: every task's creation and status
+change live and in order, resumable after any event, only the caller's workspace, one poller
+per workspace however many readers, and the stream limits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.conftest import RunningServer
+from tests.integration.client import call, problem_of
+from tests.integration.sse import Event, read_events
+from tests.integration.test_api_task_actions import new_task
+from tests.integration.test_streams_api import (
+    open_stream,
+    other_workspace_task,
+    subscribers_drop_to,
+)
+
+
+def url(server: RunningServer) -> str:
+    return f"{server.base_url}/api/v1/events"
+
+
+def of_task(events: list[Event], task: dict[str, Any]) -> list[tuple[str | None, str]]:
+    mine = [e.data for e in events if e.data["task_id"] == task["id"]]
+    return [(data["previous"], data["status"]) for data in mine]
+
+
+def ended(*tasks: dict[str, Any]) -> Any:
+    """A stop condition: each task's change to a final status has arrived."""
+    ids = {t["id"] for t in tasks}
+
+    def check(events: list[Event]) -> bool:
+        done = {e.data["task_id"] for e in events if e.data["status"] in ("done", "failed")}
+        return ids <= done
+
+    return check
+
+
+async def polls_stop(server: RunningServer, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while server.services.feeds.running:
+        assert time.monotonic() < deadline, "a workspace poller outlived its readers"
+        await asyncio.sleep(0.02)
+
+
+async def test_changes_arrive_live_in_order_and_resume_after_any_event(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    their_task, _, _ = await other_workspace_task(server)  # never in this workspace's stream
+    # A stream from now on: it holds its place (the poller started) once the response starts.
+    resp = await open_stream(http, url(server), server.auth)
+    resp.close()
+    first = await new_task(http, server, title="first")
+    second = await new_task(http, server, title="second")
+    async with asyncio.timeout(20):
+        live = await read_events(
+            http, url(server), {**server.auth, "Last-Event-ID": "0-0"}, until=ended(first, second)
+        )
+    assert their_task not in {e.data["task_id"] for e in live}
+    for task in (first, second):
+        assert of_task(live, task) == [(None, "queued"), ("queued", "running"), ("running", "done")]
+    created = next(e for e in live if e.data["task_id"] == first["id"])
+    assert created.event == "task"
+    assert created.data == {
+        "task_id": first["id"],
+        "number": first["number"],
+        "parent_id": None,
+        "agent_id": first["agent_id"],
+        "status": "queued",
+        "previous": None,
+        "at": created.data["at"],
+        "title": "first",
+    }
+    ids = [e.id for e in live]
+    assert len(set(ids)) == len(ids)
+    for k in sorted({0, 1, len(live) // 2, len(live) - 2}):
+        assert live[k].id is not None
+        async with asyncio.timeout(20):
+            rest = await read_events(
+                http,
+                url(server),
+                {**server.auth, "Last-Event-ID": live[k].id},
+                stop_after=len(live) - k - 1,
+            )
+        assert [(e.id, e.data) for e in rest] == [(e.id, e.data) for e in live[k + 1 :]], k
+    await subscribers_drop_to(server, 0)
+    await polls_stop(server)
+
+
+async def test_a_stream_without_last_event_id_starts_from_now(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    before = await new_task(http, server)
+    async with asyncio.timeout(20):
+        await read_events(
+            http, url(server), {**server.auth, "Last-Event-ID": "0-0"}, until=ended(before)
+        )
+    reader = asyncio.create_task(read_events(http, url(server), server.auth, stop_after=1))
+    await subscribers_drop_to(server, 1)
+    after = await new_task(http, server)
+    async with asyncio.timeout(20):
+        events = await reader
+    assert [e.data["task_id"] for e in events] == [after["id"]]
+
+
+async def test_one_poller_per_workspace_however_many_readers(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    feeds = server.services.feeds
+    streams = [await open_stream(http, url(server), server.auth) for _ in range(5)]
+    assert feeds.running == 1
+    assert server.services.bus.subscriber_count == 5  # counted against the stream limits
+    feed = feeds.feed_of(server.boot.workspace_id)
+    assert feed is not None
+    polls = feed.polls
+    await asyncio.sleep(1.0)
+    # 0.25 s apart when nothing happens: a handful, not one per reader per interval.
+    assert 1 <= feed.polls - polls <= 8
+    for resp in streams:
+        resp.close()
+    await subscribers_drop_to(server, 0)
+    await polls_stop(server)
+
+
+async def test_bad_last_event_ids_are_refused(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    for bad in ("abc", "1.2", "12", "-1-2", "1-", "1-2-3", "12345678901234567890-1"):
+        async with http.get(url(server), headers={**server.auth, "Last-Event-ID": bad}) as resp:
+            body = await problem_of(resp, 422)
+        assert any("last-event-id" in str(e).lower() for e in body["errors"]), body
+    async with http.get(url(server)) as resp:
+        await problem_of(resp, 401)
+    await subscribers_drop_to(server, 0)
+    assert server.services.feeds.running == 0
+
+
+@pytest.mark.with_settings(sse_max_subscribers_per_workspace=2)
+async def test_workspace_streams_count_against_the_limits(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    task = await new_task(http, server)
+    held = [
+        await open_stream(http, url(server), server.auth),
+        await open_stream(http, f"{server.base_url}/api/v1/tasks/{task['id']}/events", server.auth),
+    ]
+    async with http.get(url(server), headers=server.auth) as resp:
+        body = await problem_of(resp, 429)
+        assert resp.headers["Retry-After"] == "1"
+    assert "limit" in body["detail"]
+    for resp in held:
+        resp.close()
+    await subscribers_drop_to(server, 0)
+    assert (await call(http, server, "GET", "/api/v1/events/x")).status == 404
