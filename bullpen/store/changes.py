@@ -130,6 +130,19 @@ async def first_of(conn: Connection, task_ids: Collection[UUID]) -> Cursor | Non
     return None if row is None else (int(row.xid), int(row.id) - 1)
 
 
+async def last_of(conn: Connection, task_id: UUID) -> Cursor | None:
+    """The position of the task's newest stored change."""
+    row = (
+        await conn.execute(
+            sa.select(_C.xid, _C.id)
+            .where(_C.task_id == task_id)
+            .order_by(_C.xid.desc(), _C.id.desc())
+            .limit(1)
+        )
+    ).first()
+    return None if row is None else (int(row.xid), int(row.id))
+
+
 async def subtree(conn: Connection, root_id: UUID) -> set[UUID]:
     """The task and all its descendants."""
     tree = sa.select(tasks.c.id).where(tasks.c.id == root_id).cte("tree", recursive=True)

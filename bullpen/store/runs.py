@@ -584,11 +584,23 @@ _FINISH_RUN = (
         }
         | {"lease_owner": None, "lease_expires_at": None}
     )
-    .returning(runs.c.task_id, runs.c.workspace_id, runs.c.agent_id)
+    .returning(
+        runs.c.task_id,
+        runs.c.workspace_id,
+        runs.c.agent_id,
+        sa.select(tasks.c.dependencies)
+        .where(tasks.c.id == runs.c.task_id)
+        .scalar_subquery()
+        .label("dependencies"),
+    )
 )
 _FINISH_TASK = (
     tasks.update()
-    .where(tasks.c.id == sa.bindparam("b_task_id"))
+    # Only if no blocker was added since the caller looked (else it looks again).
+    .where(
+        tasks.c.id == sa.bindparam("b_task_id"),
+        tasks.c.dependencies == sa.bindparam("b_dependencies"),
+    )
     .values(
         status=sa.bindparam("b_status"),
         result=sa.bindparam("b_result"),
@@ -658,30 +670,39 @@ async def finish(
                 }
             ],
         )
-    tree = (
-        await conn.execute(
-            _FINISH_TASK,
-            {
-                "b_task_id": task_id,
-                "b_status": TaskStatus(outcome.status.value).value,
-                "b_result": outcome.result,
-                "b_error": outcome.error,
-                "b_now": now,
-            },
-        )
-    ).one()
-    if outcome.status is RunStatus.DONE and (outcome.waits or tree.dependencies):
-        if outcome.waits or await workflow.open_dependencies(conn, task_id):
+    # A run that succeeded leaves its task blocked while what it waits for is open: decided
+    # before the task changes, so the change log never shows a `done` that is not.
+    dependencies = row.dependencies
+    while True:
+        status = TaskStatus(outcome.status.value)
+        if status is TaskStatus.DONE and (outcome.waits or dependencies):
+            if outcome.waits or await workflow.open_dependencies(conn, task_id):
+                status = TaskStatus.BLOCKED
+        tree = (
             await conn.execute(
-                tasks.update()
-                .where(tasks.c.id == task_id)
-                .values(status=TaskStatus.BLOCKED.value, updated_at=now)
+                _FINISH_TASK,
+                {
+                    "b_task_id": task_id,
+                    "b_dependencies": dependencies,
+                    "b_status": status.value,
+                    "b_result": outcome.result,
+                    "b_error": outcome.error,
+                    "b_now": now,
+                },
             )
-            # What it waits for may have ended already: then it wakes now.
-            run = await workflow.wake(conn, task_id, now)
-            if run is not None and woken is not None:
-                woken.append(run)
-            return True
+        ).first()
+        if tree is not None:
+            break
+        dependencies = (
+            await conn.execute(sa.select(tasks.c.dependencies).where(tasks.c.id == task_id))
+        ).scalar_one()
+    if status is TaskStatus.BLOCKED:
+        # What it waits for may have ended already (the check above did not lock the task):
+        # `wake` looks again with the task locked, and re-queues it then.
+        run = await workflow.wake(conn, task_id, now)
+        if run is not None and woken is not None:
+            woken.append(run)
+        return True
     if tree.parent_id is not None or tree.dependents:
         enqueued = await workflow.ended(
             conn,

@@ -38,15 +38,23 @@ KEEPALIVE = b": keep-alive\n\n"
 
 
 def format_change(change: TaskChange) -> bytes:
-    """One SSE frame; the id is the change's position (`<xid>-<id>`)."""
-    xid, id_ = change.cursor
-    return b"id: %d-%d\nevent: task\ndata: %s\n\n" % (xid, id_, orjson.dumps(change.data()))
+    """One SSE frame; the id is the change's position (see `cursor_id`)."""
+    return b"id: %s\nevent: task\ndata: %s\n\n" % (
+        cursor_id(change.cursor),
+        orjson.dumps(change.data()),
+    )
+
+
+def cursor_id(cursor: Cursor) -> bytes:
+    """A position as an event id: `<xid>-<id>`, or a bare `<id>` when xid is 0 (SQLite)."""
+    xid, id_ = cursor
+    return b"%d-%d" % cursor if xid else b"%d" % id_
 
 
 def parse_cursor(value: str) -> Cursor:
-    """A `Last-Event-ID` of this stream (`<xid>-<id>`, checked by the route's pattern)."""
-    xid, _, id_ = value.partition("-")
-    return int(xid), int(id_)
+    """A position from its event id (checked by the route's pattern)."""
+    xid, dash, id_ = value.partition("-")
+    return (int(xid), int(id_)) if dash else (0, int(xid))
 
 
 class Feed:
@@ -151,14 +159,19 @@ class Feeds:
         for feed in self._feeds.values():
             feed.nudge()
 
-    async def open(self, workspace_id: UUID) -> tuple[Feed, Callable[[], None]]:
-        """The workspace's feed, started if need be, and the function that ends this reader
-        (429/503 beyond the stream limits)."""
-        self._hub.admit(workspace_id)
+    async def open(
+        self, workspace_id: UUID, *, counted: bool = True
+    ) -> tuple[Feed, Callable[[], None]]:
+        """The workspace's feed, started if need be, and the function that ends this reader.
+        A `counted` reader is a stream of its own under the stream limits (429/503 beyond);
+        one that is part of a stream already counted is not."""
+        if counted:
+            self._hub.admit(workspace_id)
         try:
             feed = await self._feed(workspace_id)
         except BaseException:
-            self._hub.release(workspace_id)
+            if counted:
+                self._hub.release(workspace_id)
             raise
         feed.readers += 1
         closed = False
@@ -169,7 +182,8 @@ class Feeds:
                 return
             closed = True
             feed.readers -= 1
-            self._hub.release(workspace_id)
+            if counted:
+                self._hub.release(workspace_id)
             if feed.readers == 0:
                 self._stop(feed)
 

@@ -11,9 +11,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bullpen.streams.changes import parse_cursor
 from tests.conftest import RunningServer
 from tests.integration.client import call, problem_of
 from tests.integration.sse import Event, read_events
+from tests.integration.team import create_task, delegate, finish, get_task, make_agent
 from tests.integration.test_api_task_actions import new_task
 from tests.integration.test_streams_api import (
     open_stream,
@@ -99,7 +101,7 @@ async def test_a_stream_without_last_event_id_starts_from_now(
     before = await new_task(http, server)
     async with asyncio.timeout(20):
         await read_events(
-            http, url(server), {**server.auth, "Last-Event-ID": "0-0"}, until=ended(before)
+            http, url(server), {**server.auth, "Last-Event-ID": "0"}, until=ended(before)
         )
     reader = asyncio.create_task(read_events(http, url(server), server.auth, stop_after=1))
     await subscribers_drop_to(server, 1)
@@ -131,7 +133,7 @@ async def test_one_poller_per_workspace_however_many_readers(
 async def test_bad_last_event_ids_are_refused(
     server: RunningServer, http: aiohttp.ClientSession
 ) -> None:
-    for bad in ("abc", "1.2", "12", "-1-2", "1-", "1-2-3", "12345678901234567890-1"):
+    for bad in ("abc", "1.2", "~12", "-1-2", "1-", "1-2-3", "12345678901234567890-1", ""):
         async with http.get(url(server), headers={**server.auth, "Last-Event-ID": bad}) as resp:
             body = await problem_of(resp, 422)
         assert any("last-event-id" in str(e).lower() for e in body["errors"]), body
@@ -158,3 +160,84 @@ async def test_workspace_streams_count_against_the_limits(
         resp.close()
     await subscribers_drop_to(server, 0)
     assert (await call(http, server, "GET", "/api/v1/events/x")).status == 404
+
+
+# --- a task's stream with its subtasks ------------------------------------------------------
+
+
+async def test_a_tasks_stream_with_subtasks_carries_its_trees_changes_and_resumes(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    lead = await make_agent(
+        http,
+        server,
+        "lead",
+        [
+            {"tool_calls": [delegate("analyst", "Analyse part A")]},
+            {"tool_calls": [finish("LEAD: {{context}}")]},
+        ],
+    )
+    analyst = await make_agent(
+        http,
+        server,
+        "analyst",
+        [
+            {"tool_calls": [delegate("researcher", "Dig into part A")]},
+            {"tool_calls": [finish("ANALYST: {{context}}")]},
+        ],
+        reports_to=lead["id"],
+    )
+    await make_agent(http, server, "researcher", reports_to=analyst["id"])
+    await new_task(http, server)  # another task of the workspace: not in the tree
+    task = await create_task(http, server, lead, "Write the quarterly report")
+    tree_url = f"{server.base_url}/api/v1/tasks/{task['id']}/events?subtasks=true"
+    async with asyncio.timeout(30):
+        events = await read_events(http, tree_url, server.auth, markers=True)
+    assert (await get_task(http, server, task["id"]))["status"] == "done"
+    assert events[-1].event == "close" and events[-1].id is None
+    changes = [e for e in events if e.event == "task"]
+    by_task: dict[str, list[str]] = {}
+    for e in changes:
+        by_task.setdefault(e.data["task_id"], []).append(e.data["status"])
+    assert len(by_task) == 3  # the lead's task, the analyst's, the researcher's
+    assert by_task[task["id"]] == ["queued", "running", "blocked", "queued", "running", "done"]
+    kids = [t for t in by_task if t != task["id"]]
+    for kid in kids:
+        assert by_task[kid][-1] == "done"
+    parents = {e.data["task_id"]: e.data["parent_id"] for e in changes}
+    assert sorted(parents.values(), key=str) == sorted(
+        [None, task["id"], next(k for k in kids if parents[k] == task["id"])], key=str
+    )
+    # The lead's final change comes before the close; the runs are all there as well.
+    assert changes[-1].data["task_id"] == task["id"]
+    assert [e.data["number"] for e in events if e.event == "run"] == [1, 2]
+    # Every id carries both positions, and neither part ever goes back.
+    ids = [e.id for e in events if e.id is not None]
+    parts = [i.split("~") for i in ids]
+    runs = [tuple(int(x) for x in p[0].split(".")) for p in parts]
+    logs = [parse_cursor(p[1]) for p in parts]
+    assert runs == sorted(runs) and logs == sorted(logs) and len(set(ids)) == len(ids)
+    # A resume after any event gives exactly the rest of each part, in order (how the two
+    # parts interleave depends on timing; the markers aside).
+    with_ids = [e for e in events if e.id is not None]
+    for k in sorted({0, 3, len(with_ids) // 2, len(with_ids) - 2}):
+        async with asyncio.timeout(20):
+            rest = await read_events(
+                http, tree_url, {**server.auth, "Last-Event-ID": with_ids[k].id or ""}
+            )
+        assert len(rest) == len(with_ids) - k - 1
+        for part in (True, False):
+            assert [e.data for e in rest if (e.event == "task") is part] == [
+                e.data for e in with_ids[k + 1 :] if (e.event == "task") is part
+            ], k
+    # Without `subtasks` the same task's stream has no `task` events, and takes the task part
+    # of such an id.
+    async with asyncio.timeout(20):
+        plain = await read_events(
+            http,
+            f"{server.base_url}/api/v1/tasks/{task['id']}/events",
+            {**server.auth, "Last-Event-ID": with_ids[0].id or ""},
+        )
+    assert plain and all(e.event != "task" and "~" not in (e.id or "") for e in plain)
+    await subscribers_drop_to(server, 0)
+    await polls_stop(server)

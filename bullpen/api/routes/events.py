@@ -17,7 +17,7 @@ from bullpen.streams.changes import parse_cursor, workspace_stream
 
 router = APIRouter(prefix="/api/v1/events", tags=["tasks"])
 Reader = Annotated[Principal, require(Permission.TASKS_READ)]
-CHANGE_ID = r"^[0-9]{1,19}-[0-9]{1,19}$"
+CHANGE_ID = r"^([0-9]{1,19}-)?[0-9]{1,19}$"
 
 
 @router.get(

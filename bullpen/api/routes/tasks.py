@@ -30,10 +30,13 @@ from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
 from bullpen.domain.status import TaskStatus
 from bullpen.streams.sse import TaskCursor, task_stream
+from bullpen.streams.tree import split_cursor, tree_stream
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"])
 
 Reader = Annotated[Principal, require(Permission.TASKS_READ)]
+# `<run>.<seq>` or a bare `<seq>` (run 1), then with `subtasks` `~` and a change's position.
+TASK_EVENT_ID = r"^([0-9]{1,6}\.)?[0-9]{1,9}(~([0-9]{1,19}-)?[0-9]{1,19})?$"
 Writer = Annotated[Principal, require(Permission.TASKS_WRITE)]
 TaskId = Annotated[UUID, docs.path_id("task")]
 PageSize = Annotated[int, Query(ge=1, le=100, description="Page size (max 100)")]
@@ -276,22 +279,48 @@ async def task_events(
     task_id: TaskId,
     principal: Reader,
     svc: ServicesDep,
+    subtasks: Annotated[
+        bool,
+        Query(
+            description="Also a `task` event for every creation and status change in the "
+            "task's tree (itself, its subtasks, theirs); ids become `<run>.<seq>~<change>`"
+        ),
+    ] = False,
     last_event_id: Annotated[
-        Annotated[str, StringConstraints(pattern=r"^([0-9]{1,6}\.)?[0-9]{1,9}$")]
-        | SkipJsonSchema[None],
+        Annotated[str, StringConstraints(pattern=TASK_EVENT_ID)] | SkipJsonSchema[None],
         Header(
             description="Resume after this event id (`<run number>.<seq>`, the `id:` of an "
-            "event of this stream; a bare `<seq>`, as this stream's ids once were, means run 1)"
+            "event of this stream; a bare `<seq>`, as this stream's ids once were, means run 1; "
+            "with `subtasks`, `<run>.<seq>~<change id>`)"
         ),
     ] = None,
 ) -> EventStream:
     """Every run of the task in order (each introduced by a `run` event): events replayed
-    after `Last-Event-ID`, then live; a `close` event once the task has finished."""
+    after `Last-Event-ID`, then live; a `close` event once the task has finished. With
+    `subtasks`, the tree's status changes too (as `task` events, in the order they
+    committed)."""
     await svc.tasks.get(principal, task_id)
     live = svc.bus.open(task_id, principal.workspace_id)
     keepalive = svc.settings.sse_keepalive_s
+    if not subtasks:
+        task_part, _ = split_cursor(last_event_id)
+        return EventStream(
+            task_stream(svc.store, live, task_id, TaskCursor.parse(task_part), keepalive),
+            on_close=live.close,
+            write_timeout_s=svc.settings.sse_write_timeout_s,
+        )
+    try:
+        feed, close_feed = await svc.feeds.open(principal.workspace_id, counted=False)
+    except BaseException:
+        live.close()
+        raise
+
+    def close() -> None:
+        live.close()
+        close_feed()
+
     return EventStream(
-        task_stream(svc.store, live, task_id, TaskCursor.parse(last_event_id), keepalive),
-        on_close=live.close,
+        tree_stream(svc.store, live, feed, task_id, last_event_id, keepalive),
+        on_close=close,
         write_timeout_s=svc.settings.sse_write_timeout_s,
     )
