@@ -324,6 +324,7 @@ async def cluster(settings: Settings, bus: str) -> AsyncIterator[Target]:
             sim_url=sim.base_url,
             bus=bus,
             sse_keepalive_s=KEEPALIVE_S,
+            workspace_poll_s=KEEPALIVE_S,  # so workspace streams move only on wake-ups
             **UNLIMITED,
             **({"redis_url": REDIS_URL} if bus == "redis" else {}),
         )
@@ -353,3 +354,36 @@ async def test_dropped_clients_reassemble_every_run_across_processes(
     cluster: Target, http: aiohttp.ClientSession, plans: list[list[tuple[int, float]]]
 ) -> None:
     await _exercise(http, cluster, plans)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["postgres"])
+@pytest.mark.parametrize("bus", ["postgres", "redis"])
+async def test_the_workspace_stream_follows_a_worker_in_another_process(
+    cluster: Target, http: aiohttp.ClientSession
+) -> None:
+    """Tasks created through the API run in the worker process; the API's workspace stream
+    gets each one's creation, start and end in time. Its poll interval is 30 s here, so only
+    wake-ups can deliver in time: the API's own enqueue, and the runs' status and end events
+    on the bus."""
+    url = f"{cluster.base_url}/api/v1/events"
+    async with http.get(url, headers={**cluster.auth, "Accept": "text/event-stream"}) as resp:
+        assert resp.status == 200
+        created = []
+        for _ in range(3):
+            async with http.post(
+                f"{cluster.base_url}/api/v1/tasks",
+                json={"prompt": "Say something about streams", "agent_id": cluster.agent_id},
+                headers=cluster.auth,
+            ) as made:
+                assert made.status == 201, await made.text()
+                created.append((await made.json())["id"])
+        seen: dict[str, list[str]] = defaultdict(list)
+        async with asyncio.timeout(CLOSED_WITHIN_S):
+            async for line in resp.content:
+                if line.startswith(b"data: "):
+                    change = orjson.loads(line[6:])
+                    seen[change["task_id"]].append(change["status"])
+                if all(seen[t][-1:] == ["done"] for t in created):
+                    break
+    assert {t: seen[t] for t in created} == {t: ["queued", "running", "done"] for t in created}
