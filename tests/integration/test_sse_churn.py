@@ -83,7 +83,7 @@ def _gauges(server: RunningServer) -> Gauges:
     return Gauges(
         len(asyncio.all_tasks()),
         len(os.listdir("/proc/self/fd")),
-        server.services.bus.subscriber_count,
+        server.services.bus.subscriber_count + server.services.feeds.running,
         len(gc.get_objects()),
         sys.getallocatedblocks(),
     )
@@ -97,7 +97,10 @@ async def settle(server: RunningServer) -> Gauges:
     while steady < 10 and time.monotonic() < deadline:  # half a second without a task ending
         await asyncio.sleep(0.05)
         tasks = len(asyncio.all_tasks())
-        idle = server.services.bus.subscriber_count == 0 and tasks >= last
+        idle = (
+            server.services.bus.subscriber_count == server.services.feeds.running == 0
+            and tasks >= last
+        )
         steady = steady + 1 if idle else 0
         last = tasks
     gc.collect()
@@ -107,16 +110,18 @@ async def settle(server: RunningServer) -> Gauges:
 class Churn:
     """Cycles of connect, read a little, leave: `CONCURRENCY` at once, each on a new socket."""
 
-    def __init__(self, server: RunningServer, task_id: str) -> None:
+    def __init__(self, server: RunningServer, stream: Stream) -> None:
         url = urlsplit(server.base_url)
         self.host = url.hostname or "127.0.0.1"
         self.port = url.port or 80
         self.request = (
-            f"GET /api/v1/tasks/{task_id}/events HTTP/1.1\r\n"
+            f"GET {stream.path} HTTP/1.1\r\n"
             f"Host: {url.netloc}\r\n"
             f"Authorization: Bearer {server.boot.api_key}\r\n"
+            f"{stream.headers}"
             "Accept: text/event-stream\r\n\r\n"
         ).encode()
+        self.first = stream.first
         self.bus = server.services.bus
         self.done: Counter[str] = Counter()
         self.peak_subscribers = 0
@@ -145,7 +150,7 @@ class Churn:
                     head = await reader.readuntil(b"\r\n\r\n")
                     assert head.startswith(b"HTTP/1.1 200 "), head
                     assert b"content-type: text/event-stream" in head.lower(), head
-                    await reader.readuntil(b"event: run\n")
+                    await reader.readuntil(self.first)
                 self.peak_subscribers = max(self.peak_subscribers, self.bus.subscriber_count)
         finally:
             if mode.startswith("reset"):
@@ -194,21 +199,46 @@ async def traced_growth(churn: Churn, server: RunningServer, cycles: int) -> Tra
     return Traced(_grown(middle, start), _grown(end, start), top)
 
 
+@dataclass(frozen=True)
+class Stream:
+    """What a cycle connects to, and the event that shows its stream is live."""
+
+    path: str
+    first: bytes
+    headers: str = ""
+
+
+STREAMS = {
+    "task": (lambda task: Stream(f"/api/v1/tasks/{task}/events", b"event: run\n"), CYCLES),
+    # Fewer cycles for the other kinds: they share all but how they read their events.
+    "task-tree": (
+        lambda task: Stream(f"/api/v1/tasks/{task}/events?subtasks=true", b"event: task\n"),
+        CYCLES // 5,
+    ),
+    "workspace": (
+        lambda task: Stream("/api/v1/events", b"event: task\n", "Last-Event-ID: 0\r\n"),
+        CYCLES // 5,
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(STREAMS))
 async def test_sse_churn_leaves_no_growth(
-    server: RunningServer, http: aiohttp.ClientSession
+    server: RunningServer, http: aiohttp.ClientSession, kind: str
 ) -> None:
     body = {"prompt": "Stay queued.", "agent_id": str(server.boot.agent_id)}
     created = await call(http, server, "POST", "/api/v1/tasks", body=body)
     assert created.status == 201, created.text
     task_id = created.body["id"]
-    churn = Churn(server, task_id)
+    stream, cycles = STREAMS[kind]
+    churn = Churn(server, stream(task_id))
 
     await churn.run(WARMUP)
     base = await settle(server)
     started = time.monotonic()
-    await churn.run(CYCLES // 2)
+    await churn.run(cycles // 2)
     half = await settle(server)
-    await churn.run(CYCLES // 2 - TRACED)
+    await churn.run(cycles // 2 - TRACED)
     untraced_s = time.monotonic() - started
     mem = await traced_growth(churn, server, TRACED)
     end = await settle(server)
@@ -216,7 +246,7 @@ async def test_sse_churn_leaves_no_growth(
 
     report = (
         f"{churn.done.total() - WARMUP} cycles in {elapsed:.0f} s, the untraced "
-        f"{CYCLES - TRACED} at {(CYCLES - TRACED) / untraced_s:.0f}/s; {dict(churn.done)}; "
+        f"{cycles - TRACED} at {(cycles - TRACED) / untraced_s:.0f}/s; {dict(churn.done)}; "
         f"peak subscribers {churn.peak_subscribers}\n"
         f"base {base}\nhalf {half}\nend  {end}\n"
         f"traced: +{mem.first} B after {TRACED // 2}, +{mem.whole} B after {TRACED}\n{mem.top}"
