@@ -433,9 +433,11 @@ def bench(
         )
         return
 
+    import aiohttp
+
     from bullpen.bench.loadgen import run_load
     from bullpen.bench.report import live_progress, render_table, to_json
-    from bullpen.bench.spawn import spawn_server
+    from bullpen.bench.spawn import KEY_UNLIMITED, raise_run_cap, spawn_server
     from bullpen.bench.stages import default_stages, total_duration
 
     if sim not in ("process", "inprocess"):
@@ -466,7 +468,14 @@ def bench(
             report = await measure(url.rstrip("/"), api_key, agent_id)
             report["backend"] = "external"
             return report
-        async with spawn_server(backend, pg_admin_url=pg_url, sim=sim) as server:  # type: ignore[arg-type]
+        async with spawn_server(
+            backend,  # type: ignore[arg-type]
+            pg_admin_url=pg_url,
+            sim=sim,  # type: ignore[arg-type]
+            env=KEY_UNLIMITED,
+        ) as server:
+            async with aiohttp.ClientSession() as http:  # each user has one task open at most
+                await raise_run_cap(http, server, max(peak, hold))
             report = await measure(server.base_url, server.api_key, server.agent_id)
         report["backend"] = backend
         report["simulator"] = sim

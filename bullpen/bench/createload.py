@@ -40,6 +40,7 @@ from rich.table import Table
 from bullpen.bench.loadgen import make_prompt
 from bullpen.bench.report import Distribution
 from bullpen.bench.spawn import (
+    UNLIMITED,
     Backend,
     SourceTree,
     SpawnedServer,
@@ -73,14 +74,10 @@ DEFAULT_ROUNDS = 3
 #: The full contract may cost at most this share of the skeleton's create throughput.
 THROUGHPUT_COST_GOAL_PCT = 25.0
 
-_LIMIT = "1000000"
 #: Environment of every server this scenario starts (older revisions ignore unknown names).
 SERVER_ENV = {
     "BULLPEN_WORKER_ENABLED": "false",
-    "BULLPEN_RATE_LIMIT_KEY_RPS": _LIMIT,
-    "BULLPEN_RATE_LIMIT_KEY_BURST": _LIMIT,
-    "BULLPEN_RATE_LIMIT_WORKSPACE_RPS": _LIMIT,
-    "BULLPEN_RATE_LIMIT_WORKSPACE_BURST": _LIMIT,
+    **UNLIMITED,
     # No worker runs, so the queue only grows: keep the backlog bound out of the measurement.
     "BULLPEN_QUEUE_MAX_BACKLOG": "1000000000",
 }

@@ -23,7 +23,7 @@ import orjson
 
 from bullpen.bench.createload import _cpu_s
 from bullpen.bench.report import percentile
-from bullpen.bench.spawn import spawn_server
+from bullpen.bench.spawn import UNLIMITED, spawn_server
 
 Backend = Literal["sqlite", "postgres"]
 MESSAGES = [{"role": "user", "content": "Summarise the quarterly numbers for the team"}]
@@ -36,13 +36,7 @@ SIM_ENV = {
     "BULLPEN_SIM_TOKENS_PER_SECOND": "50",
     "BULLPEN_SIM_RESPONSE_TOKENS": "64",
 }
-SERVER_ENV = {
-    "BULLPEN_WORKER_ENABLED": "false",
-    "BULLPEN_RATE_LIMIT_KEY_RPS": "1000000",
-    "BULLPEN_RATE_LIMIT_KEY_BURST": "1000000",
-    "BULLPEN_RATE_LIMIT_WORKSPACE_RPS": "1000000",
-    "BULLPEN_RATE_LIMIT_WORKSPACE_BURST": "1000000",
-}
+SERVER_ENV = {"BULLPEN_WORKER_ENABLED": "false", **UNLIMITED}
 
 
 @dataclass

@@ -64,6 +64,18 @@ class SpawnError(BullpenError):
     title = "Bench server failed"
 
 
+_NO_LIMIT = "1000000"
+#: The per-key rate limit out of a measurement's way: its virtual users share one API key,
+#: where real users would each have their own.
+KEY_UNLIMITED = {"BULLPEN_RATE_LIMIT_KEY_RPS": _NO_LIMIT, "BULLPEN_RATE_LIMIT_KEY_BURST": _NO_LIMIT}
+#: Every rate limit out of the way: for scenarios that measure one path flat out.
+UNLIMITED = {
+    **KEY_UNLIMITED,
+    "BULLPEN_RATE_LIMIT_WORKSPACE_RPS": _NO_LIMIT,
+    "BULLPEN_RATE_LIMIT_WORKSPACE_BURST": _NO_LIMIT,
+}
+
+
 @dataclass(frozen=True)
 class SourceTree:
     """Bullpen's source as of one git revision, unpacked in a temporary directory."""
@@ -533,3 +545,14 @@ class _Resources:
                 self.database = None
         finally:
             await asyncio.to_thread(shutil.rmtree, self.data_dir, ignore_errors=True)
+
+
+async def raise_run_cap(http: aiohttp.ClientSession, server: SpawnedServer, cap: int) -> None:
+    """Let the bench's agent run `cap` runs at once (an agent runs at most 10 by default, and
+    a scenario measures the server, not that cap)."""
+    headers = {"Authorization": f"Bearer {server.api_key}", "Content-Type": "application/json"}
+    url = f"{server.base_url}/api/v1/agents/{server.agent_id}"
+    body = orjson.dumps({"max_concurrent_runs": cap})
+    async with http.patch(url, data=body, headers=headers) as resp:
+        if resp.status != 200:
+            raise SpawnError(f"could not raise the agent's run cap: {await resp.text()}")

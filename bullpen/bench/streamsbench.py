@@ -31,7 +31,7 @@ from bullpen.api.routes.agents import RUNS_MAX as MAX_AGENT_RUNS
 from bullpen.bench.createload import _read_cpu_s
 from bullpen.bench.loadgen import SSEParser
 from bullpen.bench.report import percentile
-from bullpen.bench.spawn import SpawnedServer, SpawnError, spawn_server
+from bullpen.bench.spawn import SpawnedServer, SpawnError, raise_run_cap, spawn_server
 
 Backend = Literal["sqlite", "postgres"]
 BusKind = Literal["postgres", "redis"]
@@ -177,11 +177,7 @@ async def _agents(http: aiohttp.ClientSession, server: SpawnedServer, runs: int)
             raise SpawnError(f"could not read the bench agent: {await resp.text()}")
         config = (await resp.json())["config"]
     cap = {"max_concurrent_runs": MAX_AGENT_RUNS}
-    async with http.patch(
-        f"{url}/{server.agent_id}", data=orjson.dumps(cap), headers=headers
-    ) as resp:
-        if resp.status != 200:
-            raise SpawnError(f"could not raise the agent's run cap: {await resp.text()}")
+    await raise_run_cap(http, server, MAX_AGENT_RUNS)
     ids = [server.agent_id]
     for i in range(1, -(-runs // MAX_AGENT_RUNS)):
         body = {"name": f"streams-bench-{i}", "config": config, **cap}

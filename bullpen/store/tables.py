@@ -292,7 +292,9 @@ task_changes = sa.Table(
     ),
     # PostgreSQL: the writing transaction's id (see bullpen/store/changes.py); SQLite: 0.
     sa.Column("xid", sa.BigInteger, nullable=False),
-    _workspace_fk(),
+    # No foreign key: its check would lock the workspace row (KEY SHARE) in every claim and
+    # finish, and that row is hot. Deleting a workspace deletes its changes explicitly.
+    sa.Column("workspace_id", sa.Uuid, nullable=False),
     sa.Column("task_id", sa.Uuid, nullable=False),
     sa.Column("parent_id", sa.Uuid),
     sa.Column("agent_id", sa.Uuid, nullable=False),

@@ -26,6 +26,7 @@ from bullpen.store.tables import (
     run_events,
     runs,
     sessions,
+    task_changes,
     task_comments,
     tasks,
     users,
@@ -43,6 +44,7 @@ _MEMBER = sa.select(
 # Children first: tasks and runs reference agents without ON DELETE, and a run's events must
 # go before the run. Whatever else carries a workspace_id follows the workspace by cascade.
 _WORKSPACE_CHILDREN = (
+    task_changes,  # no foreign key: a hot workspace row would gain a lock per status change
     run_events,
     runs,
     task_comments,

@@ -15,6 +15,7 @@ from bullpen.domain.status import TaskStatus
 from bullpen.services.housekeeping import Retention, sweep
 from bullpen.store import changes
 from bullpen.store import tasks as task_store
+from bullpen.store import workspaces as workspace_store
 from bullpen.store.base import Store
 from bullpen.store.tables import task_changes, tasks
 from tests.integration.seed import NOW, insert_task, new_task, workspace_with_agent
@@ -175,3 +176,15 @@ async def test_a_reader_never_passes_a_change_that_commits_later(
     async with store.read() as conn:
         page, held = await changes.after(conn, ws, start, 10)
     assert [c.task_id for c in page] == [a, b] and not held
+
+
+async def test_deleting_a_workspace_deletes_its_changes(store: Store) -> None:
+    ws, agent = await workspace_with_agent(store)
+    other, their_agent = await workspace_with_agent(store, "w2")
+    await new_task(store, ws, agent)
+    theirs, _ = await new_task(store, other, their_agent)
+    async with store.write() as conn:
+        counts = await workspace_store.delete_workspace(conn, ws)
+    assert counts["task_changes"] == 1
+    assert await statuses(store, ws) == []
+    assert await statuses(store, other) == [(theirs, None, "queued")]

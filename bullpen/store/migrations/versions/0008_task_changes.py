@@ -84,7 +84,6 @@ def upgrade() -> None:
         sa.Column("previous", sa.String(24), nullable=True),
         sa.Column("title", sa.String(200), nullable=True),
         sa.Column("at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(["workspace_id"], ["workspaces.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
         sqlite_autoincrement=True,
     )
