@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import aiohttp
 import pytest
 from playwright.async_api import BrowserContext, Cookie, Page, expect
 
@@ -205,3 +206,44 @@ async def test_password_change_signs_out_and_the_new_password_works(
     # Chromium logs the deliberate 401 of the old password as a failed resource load.
     assert [m for m in page_errors.console if "status of 401" not in m] == []
     assert page_errors.uncaught == []
+
+
+@pytest.mark.with_settings(**SLOW_SIM)
+async def test_the_dashboard_list_follows_tasks_live(
+    server: Any, page: Page, page_errors: Any
+) -> None:
+    """A task listed when the page loaded changes status in place, and a task created
+    elsewhere (here through the API) appears at the top and runs to `done`, without a
+    reload; its title, markup included, shows as text."""
+    async with aiohttp.ClientSession() as http:
+        earlier = await _create(http, server, "An earlier task, listed when the page loads.")
+        await sign_in_as_admin(page, server)
+        await page.wait_for_selector('#tasks[data-live="true"]', state="attached")
+        listed = page.locator(f'tr[data-task-id="{earlier["id"]}"] .status')
+        await expect(listed).to_have_text("done", timeout=15_000)
+
+        title = '<img src=x onerror="window.__pwned=1"> Quarterly & "more"'
+        later = await _create(http, server, "A later task, created while the page is open.", title)
+    row = page.locator("#tasks tbody tr").first
+    await expect(row).to_have_attribute("data-task-id", later["id"])
+    await expect(row.locator("a")).to_have_text(title)
+    await expect(row.locator("a")).to_have_attribute("href", f"/tasks/{later['id']}")
+    await expect(row.locator("td").first).to_have_text(later["number"])
+    await expect(row.locator(".status")).to_have_text("done", timeout=15_000)
+    assert await page.locator("#tasks img").count() == 0
+    assert await page.evaluate("window.__pwned === undefined")
+    assert await page.locator(f'tr[data-task-id="{earlier["id"]}"]').count() == 1
+    assert await page.evaluate("window.__cspViolations") == []
+    assert page_errors.console == []
+    assert page_errors.uncaught == []
+
+
+async def _create(
+    http: aiohttp.ClientSession, server: Any, prompt: str, title: str | None = None
+) -> dict[str, Any]:
+    body = {"prompt": prompt, "agent_id": str(server.boot.agent_id)}
+    if title is not None:
+        body["title"] = title
+    async with http.post(f"{server.base_url}/api/v1/tasks", json=body, headers=server.auth) as resp:
+        assert resp.status == 201, await resp.text()
+        return dict(await resp.json())

@@ -23,6 +23,7 @@ from bullpen.store import agents as agent_store
 WEB = Path(__file__).resolve().parents[2] / "web"
 templates = Jinja2Templates(directory=WEB / "templates")
 
+RECENT_TASKS = 20  # tasks the dashboard lists (its script keeps the list this long)
 router = APIRouter(include_in_schema=False)
 
 PASSWORD_MIN, PASSWORD_MAX = 12, 1024
@@ -150,7 +151,7 @@ async def _dashboard(
     session_id, who = found
     async with svc.store.read() as conn:
         agents = await agent_store.list_agents(conn, who.principal.workspace_id)
-    page, _runs = await svc.tasks.list(who.principal, limit=20, after=None, status=None)
+    page, _runs = await svc.tasks.list(who.principal, limit=RECENT_TASKS, after=None, status=None)
     return _render(
         request,
         "dashboard.html",
@@ -159,6 +160,7 @@ async def _dashboard(
         csrf=svc.auth.csrf_token(session_id),
         agents=agents,
         tasks=page.rows,
+        recent=RECENT_TASKS,
         error=error,
         prompt=prompt,
     )
