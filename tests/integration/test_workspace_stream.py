@@ -91,6 +91,19 @@ async def test_changes_arrive_live_in_order_and_resume_after_any_event(
                 stop_after=len(live) - k - 1,
             )
         assert [(e.id, e.data) for e in rest] == [(e.id, e.data) for e in live[k + 1 :]], k
+    # `after` starts there too, for clients that cannot send headers; `Last-Event-ID` wins.
+    async with asyncio.timeout(20):
+        rest = await read_events(
+            http, f"{url(server)}?after={live[1].id}", server.auth, stop_after=len(live) - 2
+        )
+        assert [e.id for e in rest] == [e.id for e in live[2:]]
+        rest = await read_events(
+            http,
+            f"{url(server)}?after={live[1].id}",
+            {**server.auth, "Last-Event-ID": str(live[-2].id)},
+            stop_after=1,
+        )
+        assert [e.id for e in rest] == [live[-1].id]
     await subscribers_drop_to(server, 0)
     await polls_stop(server)
 
@@ -137,6 +150,9 @@ async def test_bad_last_event_ids_are_refused(
         async with http.get(url(server), headers={**server.auth, "Last-Event-ID": bad}) as resp:
             body = await problem_of(resp, 422)
         assert any("last-event-id" in str(e).lower() for e in body["errors"]), body
+    async with http.get(f"{url(server)}?after=x-1", headers=server.auth) as resp:
+        body = await problem_of(resp, 422)
+        assert body["errors"][0]["field"].startswith("after"), body
     async with http.get(url(server)) as resp:
         await problem_of(resp, 401)
     await subscribers_drop_to(server, 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Query
 from pydantic import StringConstraints
 from pydantic.json_schema import SkipJsonSchema
 
@@ -34,11 +34,19 @@ CHANGE_ID = r"^([0-9]{1,19}-)?[0-9]{1,19}$"
 async def workspace_events(
     principal: Reader,
     svc: ServicesDep,
+    after: Annotated[
+        Annotated[str, StringConstraints(pattern=CHANGE_ID)] | SkipJsonSchema[None],
+        Query(
+            description="Start after this event id, as `Last-Event-ID` does (which wins when "
+            "both are given): for a client that cannot send headers, such as a browser's "
+            "EventSource before it reconnects"
+        ),
+    ] = None,
     last_event_id: Annotated[
         Annotated[str, StringConstraints(pattern=CHANGE_ID)] | SkipJsonSchema[None],
         Header(
             description="Resume after this event id (the `id:` of an event of this stream); "
-            "without it the stream starts from now"
+            "without it (or `after`) the stream starts from now"
         ),
     ] = None,
 ) -> EventStream:
@@ -47,7 +55,8 @@ async def workspace_events(
     `title` of a new task), in the order they committed; replayed after `Last-Event-ID` for
     as long as changes are kept, then live. It does not end by itself."""
     feed, close = await svc.feeds.open(principal.workspace_id)
-    cursor = parse_cursor(last_event_id) if last_event_id else None
+    start = last_event_id or after
+    cursor = parse_cursor(start) if start else None
     return EventStream(
         workspace_stream(feed, cursor, svc.settings.sse_keepalive_s),
         on_close=close,

@@ -19,6 +19,8 @@ from bullpen.errors import BullpenError, Forbidden, RateLimited, Unauthenticated
 from bullpen.services.auth import SessionPrincipal
 from bullpen.services.users import UserService
 from bullpen.store import agents as agent_store
+from bullpen.store import changes as change_log
+from bullpen.streams.changes import cursor_id
 
 WEB = Path(__file__).resolve().parents[2] / "web"
 templates = Jinja2Templates(directory=WEB / "templates")
@@ -151,6 +153,8 @@ async def _dashboard(
     session_id, who = found
     async with svc.store.read() as conn:
         agents = await agent_store.list_agents(conn, who.principal.workspace_id)
+        # Read before the list: the page's live list starts here, so no change falls between.
+        live_from = await change_log.head(conn, who.principal.workspace_id)
     page, _runs = await svc.tasks.list(who.principal, limit=RECENT_TASKS, after=None, status=None)
     return _render(
         request,
@@ -161,6 +165,7 @@ async def _dashboard(
         agents=agents,
         tasks=page.rows,
         recent=RECENT_TASKS,
+        live_from=cursor_id(live_from).decode(),
         error=error,
         prompt=prompt,
     )

@@ -5,7 +5,8 @@
   const table = document.getElementById("tasks");
   const body = table.tBodies[0];
   const limit = Number(table.dataset.limit);
-  const source = new EventSource("/api/v1/events");
+  // From where the list was read: nothing that changed since then is missed.
+  const source = new EventSource("/api/v1/events?after=" + encodeURIComponent(table.dataset.after));
 
   function statusBadge(value) {
     const badge = document.createElement("span");
