@@ -30,17 +30,19 @@ class Retention:
     event_batch: int = 5_000
 
 
-async def sweep(store: Store, now: datetime, retention: Retention = Retention()) -> int:
-    """Delete what has expired, one bounded batch per transaction; returns rows deleted."""
+async def sweep(store: Store, now: datetime, retention: Retention = Retention()) -> dict[str, int]:
+    """Delete what has expired, one bounded batch per transaction; returns rows deleted, by
+    kind."""
     cutoff = now - retention.events
-    jobs: list[tuple[Callable[..., Awaitable[int]], datetime, int]] = [
-        (idempotency_keys.delete_expired, now, BATCH),
-        (identity.delete_expired_sessions, now, BATCH),
-        (run_events.delete_expired, cutoff, retention.event_batch),
-        (task_changes.delete_expired, cutoff, retention.event_batch),
+    jobs: list[tuple[str, Callable[..., Awaitable[int]], datetime, int]] = [
+        ("idempotency_keys", idempotency_keys.delete_expired, now, BATCH),
+        ("sessions", identity.delete_expired_sessions, now, BATCH),
+        ("run_events", run_events.delete_expired, cutoff, retention.event_batch),
+        ("task_changes", task_changes.delete_expired, cutoff, retention.event_batch),
     ]
-    total = 0
-    for delete, when, batch in jobs:
+    totals: dict[str, int] = {}
+    for kind, delete, when, batch in jobs:
+        total = 0
         while True:
             async with store.write() as conn:
                 deleted = await delete(conn, when, batch)
@@ -48,7 +50,8 @@ async def sweep(store: Store, now: datetime, retention: Retention = Retention())
             if deleted < batch:
                 break
             await asyncio.sleep(0)  # let requests in between batches
-    return total
+        totals[kind] = total
+    return totals
 
 
 class Housekeeper:
@@ -80,7 +83,7 @@ class Housekeeper:
         while True:
             await asyncio.sleep(self._interval)
             try:
-                deleted = await sweep(self._store, self._clock(), self._retention)
+                deleted = sum((await sweep(self._store, self._clock(), self._retention)).values())
             except BullpenError as err:
                 log.warning("housekeeping failed: %s", err.detail)
                 continue

@@ -19,6 +19,7 @@ from bullpen.store.base import Connection, Store
 from bullpen.store.tables import run_events, runs
 from tests.integration.seed import NOW, new_task, workspace_with_agent
 
+EVENTS = "run_events"  # what `sweep` counts them as
 KEEP = Retention(events=timedelta(days=30), event_batch=100)
 OLD = NOW - timedelta(days=40)
 RECENT = NOW - timedelta(days=1)
@@ -60,7 +61,9 @@ async def test_expired_events_of_ended_runs_go_and_the_rest_stay(store: Store) -
         await write_events(store, ws, run, range(4, 5), cutoff)  # exactly at the cutoff: kept
         await write_events(store, ws, run, range(5, 7), RECENT)
 
-    assert await sweep(store, NOW, KEEP) == 3 * 3  # done, failed, cancelled: 3 old events each
+    assert (await sweep(store, NOW, KEEP))[
+        EVENTS
+    ] == 3 * 3  # done, failed, cancelled: 3 old events each
 
     for status, run in made.items():
         kept = await seqs_of(store, run)
@@ -68,9 +71,9 @@ async def test_expired_events_of_ended_runs_go_and_the_rest_stay(store: Store) -
             assert kept == [1, 2, 3, 4, 5, 6], status
         else:
             assert kept == [4, 5, 6], status
-    assert await sweep(store, NOW, KEEP) == 0  # nothing more has expired
+    assert (await sweep(store, NOW, KEEP))[EVENTS] == 0  # nothing more has expired
     # A month on, the rest of the ended runs' events go too; the live runs keep theirs.
-    assert await sweep(store, NOW + timedelta(days=31), KEEP) == 3 * 3
+    assert (await sweep(store, NOW + timedelta(days=31), KEEP))[EVENTS] == 3 * 3
     assert [await seqs_of(store, run) for run in made.values()] == [
         [1, 2, 3, 4, 5, 6] if s in (RunStatus.QUEUED, RunStatus.RUNNING) else [] for s in made
     ]
@@ -104,7 +107,7 @@ async def test_a_large_backlog_is_deleted_in_bounded_transactions(
 
     monkeypatch.setattr(event_store, "delete_expired", counted_delete)
     monkeypatch.setattr(store, "write", counted_write)
-    assert await sweep(store, NOW, KEEP) == 250
+    assert (await sweep(store, NOW, KEEP))[EVENTS] == 250
     assert batches == [100, 100, 50]  # never more than a batch in one transaction
     assert transactions >= len(batches)
     monkeypatch.undo()

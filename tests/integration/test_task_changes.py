@@ -120,7 +120,7 @@ async def test_expired_changes_are_deleted_in_batches(store: Store) -> None:
         await new_task(store, ws, agent, NOW - timedelta(days=40))
     keep, _ = await new_task(store, ws, agent, NOW - timedelta(days=1))
     deleted = await sweep(store, NOW, Retention(events=timedelta(days=30), event_batch=100))
-    assert deleted >= 5
+    assert deleted["task_changes"] == 5
     assert await statuses(store, ws) == [(keep, None, "queued")]
     async with store.write() as conn:
         for _ in range(3):
