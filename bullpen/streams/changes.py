@@ -27,6 +27,7 @@ from bullpen.store import changes as change_log
 from bullpen.store.base import Store
 from bullpen.store.changes import Cursor, TaskChange
 from bullpen.streams.bus.memory import Hub
+from bullpen.streams.sse import KEEPALIVE
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,6 @@ PAGE = 500  # changes per query, and per hand-out to a reader
 KEEP = 4096  # newest changes a poller keeps in memory
 _HELD_RETRY_S = 0.02  # re-poll delay while committed changes wait for older transactions
 _MIN_GAP_S = 0.02  # at most one poll per this interval, however many wake-ups
-KEEPALIVE = b": keep-alive\n\n"
 
 
 def format_change(change: TaskChange) -> bytes:

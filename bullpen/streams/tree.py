@@ -18,8 +18,8 @@ from bullpen.store import changes as change_log
 from bullpen.store.base import Store
 from bullpen.store.changes import Cursor
 from bullpen.streams.bus.memory import Subscriber
-from bullpen.streams.changes import KEEPALIVE, Feed, cursor_id, format_change, parse_cursor
-from bullpen.streams.sse import TaskCursor, task_stream
+from bullpen.streams.changes import Feed, cursor_id, format_change, parse_cursor
+from bullpen.streams.sse import KEEPALIVE, TaskCursor, task_stream
 
 _CLOSE = b"event: close\n"
 
