@@ -101,6 +101,10 @@ class Settings(BaseSettings):
     # Store.
     pool_size: int = Field(default=20, ge=1)
     pool_max_overflow: int = Field(default=10, ge=0)
+    # PostgreSQL ends a session of this store left idle inside a transaction this long: a process
+    # paused mid-transaction (SIGSTOP, a frozen VM) would otherwise hold its row locks, and with
+    # them every other worker's claim of its runs, until it wakes.
+    db_idle_transaction_timeout_s: float = Field(default=30.0, gt=0)
 
     # Built-in simulated provider for `bullpen up`.
     sim_enabled: bool = True

@@ -41,6 +41,12 @@ def _sqlite_begin(conn: Any) -> None:
     conn.exec_driver_sql(f"BEGIN {mode}")
 
 
+def _server_settings(settings: Settings) -> dict[str, str]:
+    """Session settings of every PostgreSQL connection."""
+    idle_ms = max(1, round(settings.db_idle_transaction_timeout_s * 1000))
+    return {"idle_in_transaction_session_timeout": str(idle_ms)}
+
+
 def create_store(settings: Settings) -> Store:
     """Build the store; nothing connects until first use."""
     url = settings.resolved_database_url
@@ -70,5 +76,6 @@ def create_store(settings: Settings) -> Store:
             # No pre-ping: it costs a round trip per transaction; a dropped connection fails
             # its statement, is invalidated, and the caller gets a 503 to retry.
             pool_recycle=1800,
+            connect_args={"server_settings": _server_settings(settings)},
         )
     )

@@ -50,6 +50,8 @@ def worker_env(settings: Settings, **extra: Any) -> dict[str, str]:
         "worker_concurrency": 64,
         "drain_grace_s": 10,
         "housekeeping_interval_s": 3600,
+        # A worker paused mid-transaction lets go of its row locks (and runs) this soon.
+        "db_idle_transaction_timeout_s": 5,
     }
     return process_env(settings, **{**defaults, **extra})
 

@@ -10,6 +10,7 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bullpen.domain import tokens
 from bullpen.domain.events import EventKind, RunEvent
@@ -22,7 +23,7 @@ from bullpen.store import runs as run_store
 from bullpen.store import tasks as task_store
 from bullpen.store.base import Store
 from bullpen.store.runs import RunOutcome
-from bullpen.store.tables import agents, audit_events, metadata, runs, tasks
+from bullpen.store.tables import agents, audit_events, metadata, runs, tasks, workspaces
 from tests.integration.seed import NOW, insert_task, member_with_key, new_task, workspace_with_agent
 
 LEASE = timedelta(seconds=30)
@@ -226,3 +227,24 @@ async def test_terminal_outcomes_reach_the_task(store: Store, status: RunStatus)
     async with store.read() as conn:
         task = await task_store.get_task(conn, ws, task_id)
     assert (task.status, task.error) == (status.value, "why")
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+@pytest.mark.with_settings(db_idle_transaction_timeout_s=0.5)
+async def test_a_session_paused_inside_a_transaction_lets_go_of_its_locks(store: Store) -> None:
+    """A process paused mid-transaction (here: one that stops sending) does not keep its row
+    locks: PostgreSQL ends the session, and another connection can lock the row."""
+    ws, _ = await workspace_with_agent(store)
+    lock = sa.select(workspaces.c.id).where(workspaces.c.id == ws).with_for_update()
+    assert isinstance(store.engine, AsyncEngine)
+    paused = await store.engine.connect()
+    try:
+        await paused.begin()
+        await paused.execute(lock)
+        await asyncio.sleep(2.0)  # idle inside the transaction, past the timeout
+        async with store.engine.begin() as other:
+            assert await other.scalar(lock.with_for_update(nowait=True)) == ws
+        with pytest.raises(sa.exc.DBAPIError):
+            await paused.execute(lock)  # its session was ended
+    finally:
+        await paused.close()
