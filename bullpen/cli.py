@@ -16,6 +16,7 @@ import typer
 import uvloop
 from rich.console import Console
 
+from bullpen import gcpolicy
 from bullpen.cli_agents import agents_cli
 from bullpen.cli_gateway import providers_cli, routes_cli
 
@@ -161,6 +162,7 @@ def worker(
             try:
                 async with build(settings) as services:
                     assert services.worker is not None
+                    gcpolicy.settle()
                     console.print(
                         f"worker {services.worker.owner} ready "
                         f"({settings.worker_concurrency} at once, lease {settings.lease_s:g} s)",

@@ -211,6 +211,13 @@ def bench_streams(
             f"commits/s, {s['db_rows_per_s']} rows/s; errors {s['errors']}",
             flush=True,
         )
+        d = s["direct"]
+        print(
+            f"  baseline, the simulator read directly: delivery p50 {d['delivery_p50_ms']} ms, "
+            f"p99 {d['delivery_p99_ms']} ms; {d['tokens_per_s']} tokens/s; "
+            f"CPU cores {d['cpu_cores']}; errors {d['errors']}",
+            flush=True,
+        )
 
 
 def bench_workflow(

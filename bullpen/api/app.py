@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,7 +10,7 @@ from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from bullpen import __version__
+from bullpen import __version__, gcpolicy
 from bullpen.api import openapi, problems
 from bullpen.api.deps import access_of
 from bullpen.api.limits import BodyLimit
@@ -103,9 +102,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with build(settings) as services:
             app.state.services = services
-            # Start-up objects live for the whole process: keep them out of every GC pass.
-            gc.collect()
-            gc.freeze()
+            gcpolicy.settle()
             yield
 
     app = FastAPI(

@@ -40,6 +40,7 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from bullpen import gcpolicy
 from bullpen.bench.simfaults import (
     ERROR_FRAME,
     NO_FAULT,
@@ -570,4 +571,5 @@ class SimulatedProvider:
 async def serve_forever(config: SimConfig, host: str, port: int) -> None:
     """Serve the simulator on `host:port` until cancelled."""
     async with SimulatedProvider(config, host, port):
+        gcpolicy.settle()
         await asyncio.Event().wait()

@@ -37,6 +37,7 @@ Backend = Literal["sqlite", "postgres"]
 BusKind = Literal["postgres", "redis"]
 PROMPT = "Stream a long answer for the live streams benchmark"
 TOKENS_PER_SECOND = 20
+_MESSAGES = [{"role": "user", "content": PROMPT}]
 _CREATE_CONCURRENCY = 32
 _CLOSE_TIMEOUT_S = 60.0
 
@@ -57,6 +58,8 @@ class StreamsLevel:
     rss_mb: dict[str, float] = field(default_factory=dict)
     db_commits_per_s: float | None = None
     db_rows_per_s: float | None = None
+    # The same number of streams read from the simulator directly, measured just before.
+    direct: StreamsLevel | None = None
 
     def summary(self) -> dict[str, Any]:
         """The figures as JSON."""
@@ -83,6 +86,7 @@ class StreamsLevel:
             "db_commits_per_s": _round(self.db_commits_per_s),
             "db_rows_per_s": _round(self.db_rows_per_s),
             "errors": dict(self.errors),
+            "direct": self.direct.summary() if self.direct is not None else None,
         }
 
 
@@ -113,14 +117,14 @@ class _Watcher:
         self.measuring = False
         self.texted_in_hold = False
 
-    def text(self, data: bytes, received: float) -> None:
+    def text(self, text: str, received: float) -> None:
         self.got_text.set()
         if not self.measuring:
             return
         self.texted_in_hold = True
         level = self.level
         level.text_events += 1
-        for piece in orjson.loads(data)["text"].split(";"):
+        for piece in text.split(";"):
             if piece.startswith("@"):
                 level.tokens += 1
                 level.latencies_ms.append((received - float(piece[1:])) * 1000)
@@ -143,11 +147,40 @@ async def _watch(
                 received = time.time()
                 for _id, kind, data in parser.feed(chunk):
                     if kind == "text":
-                        watcher.text(data, received)
+                        watcher.text(orjson.loads(data)["text"], received)
                     elif kind == "close":
                         return
     except (aiohttp.ClientError, TimeoutError) as err:
         errors[f"stream_{type(err).__name__}"] += 1
+    finally:
+        watcher.closed.set()
+
+
+async def _watch_direct(http: aiohttp.ClientSession, sim_url: str, watcher: _Watcher) -> None:
+    """One completion streamed from the simulator itself, as a Bullpen worker would ask for it."""
+    body = orjson.dumps({"model": "sim-1", "messages": _MESSAGES, "stream": True})
+    errors = watcher.level.errors
+    try:
+        async with http.post(
+            f"{sim_url}/chat/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        ) as resp:
+            if resp.status != 200:
+                errors[f"direct_http_{resp.status}"] += 1
+                return
+            parser = SSEParser()
+            async for chunk in resp.content.iter_any():
+                received = time.time()
+                for _id, _kind, data in parser.feed(chunk):
+                    if data == b"[DONE]":
+                        return
+                    choices = orjson.loads(data)["choices"]
+                    content = choices[0]["delta"].get("content") if choices else None
+                    if content:
+                        watcher.text(content, received)
+    except (aiohttp.ClientError, TimeoutError) as err:
+        errors[f"direct_{type(err).__name__}"] += 1
     finally:
         watcher.closed.set()
 
@@ -283,6 +316,36 @@ async def _level(
     return level
 
 
+async def _direct_level(
+    http: aiohttp.ClientSession,
+    server: SpawnedServer,
+    streams: int,
+    hold_s: float,
+    ramp_timeout_s: float,
+    on_step: Callable[[str], None],
+) -> StreamsLevel:
+    """The baseline: the load client streams N completions from the simulator directly, with no
+    Bullpen in between; what the simulator and the client cost on their own."""
+    assert server.sim_url is not None
+    level = StreamsLevel(streams, hold_s)
+    watchers = [_Watcher(level) for _ in range(streams)]
+    started = time.monotonic()
+    readers = [asyncio.create_task(_watch_direct(http, server.sim_url, w)) for w in watchers]
+    try:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(ramp_timeout_s):
+                await asyncio.gather(*(w.got_text.wait() for w in watchers))
+        level.ramp_s = time.monotonic() - started
+        on_step(f"{streams} direct streams: measuring after {level.ramp_s:.0f} s")
+        await _measure(server, level, watchers, hold_s)
+        level.live = sum(w.texted_in_hold for w in watchers)
+    finally:
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+    return level
+
+
 async def _measure(
     server: SpawnedServer, level: StreamsLevel, watchers: list[_Watcher], hold_s: float
 ) -> None:
@@ -369,11 +432,14 @@ async def run_streams_bench(
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
             agents = await _agents(http, server, top)
             for streams in levels:
+                direct = await _direct_level(http, server, streams, hold_s, ramp_timeout_s, on_step)
                 level = await _level(http, server, agents, streams, hold_s, ramp_timeout_s, on_step)
+                level.direct = direct
                 measured.append(level)
-                s = level.summary()
+                s, d = level.summary(), direct.summary()
                 on_step(
                     f"{streams} streams: {s['live']} live, delivery p50 {s['delivery_p50_ms']} "
-                    f"ms p99 {s['delivery_p99_ms']} ms, RSS {s['bullpen_rss_mb']} MB"
+                    f"ms p99 {s['delivery_p99_ms']} ms (direct {d['delivery_p50_ms']} / "
+                    f"{d['delivery_p99_ms']} ms), RSS {s['bullpen_rss_mb']} MB"
                 )
     return measured
