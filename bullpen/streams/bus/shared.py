@@ -102,6 +102,10 @@ class SharedBus:
         self.hub = hub or Hub()
         self.transport = transport
         self.origin = secrets.token_hex(8)
+        # This process's own messages come back on the transport: recognised by their start
+        # (as `encode` writes it) and skipped before any parsing.
+        self._own_head = '{"o":"' + self.origin + '"'
+        self._own_head_bytes = self._own_head.encode()
         self._outbox: deque[RunEvent] = deque()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -182,6 +186,9 @@ class SharedBus:
             self.sent_messages += len(payloads)
 
     def _deliver(self, message: str | bytes) -> None:
+        own = self._own_head if isinstance(message, str) else self._own_head_bytes
+        if message.startswith(own):  # type: ignore[arg-type]
+            return
         try:
             origin, events, stubs = decode(message)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
