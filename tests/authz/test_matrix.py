@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from bullpen.api.app import API_ROUTERS
 from bullpen.api.deps import access_of
 from bullpen.store.tables import audit_events
-from tests.authz.world import Tenant, fingerprint, is_user, seed_tenant
+from tests.authz.world import Tenant, drop_tenant, fingerprint, is_user, seed_tenant
 from tests.conftest import RunningServer
 
 MATRIX = tomllib.loads((Path(__file__).parent / "matrix.toml").read_text())["route"]
@@ -103,7 +103,10 @@ class World:
     async def reseed(self, *, both: bool = False) -> None:
         """A fresh workspace A (only A's objects are ever changed); B too on the first call."""
         svc = self.server.services
+        old = self.a
         self.a = await seed_tenant(svc.store, svc.secret, svc.auth.csrf_token, svc.clock(), "a")
+        if old.objects:
+            await drop_tenant(svc.store, old)
         if both:
             self.b = await seed_tenant(svc.store, svc.secret, svc.auth.csrf_token, svc.clock(), "b")
 
@@ -113,6 +116,8 @@ async def world(matrix_server: RunningServer) -> AsyncIterator[World]:
     made = World(matrix_server)
     await made.reseed(both=True)
     yield made
+    for tenant in (made.a, made.b):
+        await drop_tenant(matrix_server.services.store, tenant)
 
 
 def _fill(value: Any, objects: dict[str, str]) -> Any:

@@ -25,8 +25,9 @@ from bullpen.store import gateway as gateway_store
 from bullpen.store import identity
 from bullpen.store import routines as routine_store
 from bullpen.store import tasks as task_store
+from bullpen.store import workspaces as workspace_store
 from bullpen.store.base import Connection, Store
-from bullpen.store.tables import metadata, runs, tasks
+from bullpen.store.tables import memberships, metadata, runs, tasks, users
 
 PASSWORD = "correct horse battery staple"
 PROMPT = "Analyze this dataset and extract key metrics"
@@ -145,6 +146,20 @@ async def seed_tenant(store: Store, secret: bytes, csrf: Any, now: datetime, lab
         tenant.objects["routine"] = str(routine)
         await _gateway(conn, tenant, secret, ws, tag, now)
     return tenant
+
+
+async def drop_tenant(store: Store, tenant: Tenant) -> None:
+    """Delete a tenant's workspace and those of its users who belong to no other workspace, so
+    that reseeding does not grow the database (`fingerprint` reads all of it)."""
+    user_ids = [
+        uuid.UUID(value)
+        for name, value in tenant.objects.items()
+        if name.endswith("_user") or name in ("member", "loner")
+    ]
+    async with store.write() as conn:
+        await workspace_store.delete_workspace(conn, uuid.UUID(tenant.objects["workspace"]))
+        still_member = sa.exists().where(memberships.c.user_id == users.c.id)
+        await conn.execute(users.delete().where(users.c.id.in_(user_ids), ~still_member))
 
 
 async def _gateway(
