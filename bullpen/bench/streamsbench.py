@@ -130,59 +130,61 @@ class _Watcher:
                 level.latencies_ms.append((received - float(piece[1:])) * 1000)
 
 
-async def _watch(
-    http: aiohttp.ClientSession, server: SpawnedServer, task_id: str, watcher: _Watcher
+async def _follow(
+    request: Any, watcher: _Watcher, label: str, handle: Callable[[str, bytes, float], bool]
 ) -> None:
-    headers = {"Authorization": f"Bearer {server.api_key}", "Accept": "text/event-stream"}
+    """Read one SSE response (`request`: an aiohttp request context) until `handle(kind, data,
+    received)` says it ended; failures count as `<label>_…` errors."""
     errors = watcher.level.errors
     try:
-        async with http.get(
-            f"{server.base_url}/api/v1/tasks/{task_id}/events", headers=headers
-        ) as resp:
+        async with request as resp:
             if resp.status != 200:
-                errors[f"stream_http_{resp.status}"] += 1
+                errors[f"{label}_http_{resp.status}"] += 1
                 return
             parser = SSEParser()
             async for chunk in resp.content.iter_any():
                 received = time.time()
                 for _id, kind, data in parser.feed(chunk):
-                    if kind == "text":
-                        watcher.text(orjson.loads(data)["text"], received)
-                    elif kind == "close":
+                    if handle(kind, data, received):
                         return
     except (aiohttp.ClientError, TimeoutError) as err:
-        errors[f"stream_{type(err).__name__}"] += 1
+        errors[f"{label}_{type(err).__name__}"] += 1
     finally:
         watcher.closed.set()
+
+
+async def _watch(
+    http: aiohttp.ClientSession, server: SpawnedServer, task_id: str, watcher: _Watcher
+) -> None:
+    """One task's event stream from Bullpen."""
+
+    def handle(kind: str, data: bytes, received: float) -> bool:
+        if kind == "text":
+            watcher.text(orjson.loads(data)["text"], received)
+        return kind == "close"
+
+    headers = {"Authorization": f"Bearer {server.api_key}", "Accept": "text/event-stream"}
+    url = f"{server.base_url}/api/v1/tasks/{task_id}/events"
+    await _follow(http.get(url, headers=headers), watcher, "stream", handle)
 
 
 async def _watch_direct(http: aiohttp.ClientSession, sim_url: str, watcher: _Watcher) -> None:
     """One completion streamed from the simulator itself, as a Bullpen worker would ask for it."""
+
+    def handle(_kind: str, data: bytes, received: float) -> bool:
+        if data == b"[DONE]":
+            return True
+        choices = orjson.loads(data)["choices"]
+        content = choices[0]["delta"].get("content") if choices else None
+        if content:
+            watcher.text(content, received)
+        return False
+
     body = orjson.dumps({"model": "sim-1", "messages": _MESSAGES, "stream": True})
-    errors = watcher.level.errors
-    try:
-        async with http.post(
-            f"{sim_url}/chat/completions",
-            data=body,
-            headers={"Content-Type": "application/json"},
-        ) as resp:
-            if resp.status != 200:
-                errors[f"direct_http_{resp.status}"] += 1
-                return
-            parser = SSEParser()
-            async for chunk in resp.content.iter_any():
-                received = time.time()
-                for _id, _kind, data in parser.feed(chunk):
-                    if data == b"[DONE]":
-                        return
-                    choices = orjson.loads(data)["choices"]
-                    content = choices[0]["delta"].get("content") if choices else None
-                    if content:
-                        watcher.text(content, received)
-    except (aiohttp.ClientError, TimeoutError) as err:
-        errors[f"direct_{type(err).__name__}"] += 1
-    finally:
-        watcher.closed.set()
+    request = http.post(
+        f"{sim_url}/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    await _follow(request, watcher, "direct", handle)
 
 
 async def _post(
