@@ -292,14 +292,7 @@ async def _level(
     try:
         await _bounded(range(streams), create, _CREATE_CONCURRENCY)
         on_step(f"{streams} streams: {len(task_ids)} tasks created, waiting for text")
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(ramp_timeout_s):
-                await asyncio.gather(*(w.got_text.wait() for w in watchers))
-        level.ramp_s = time.monotonic() - started
-        streaming = sum(w.got_text.is_set() for w in watchers)
-        on_step(f"{streams} streams: {streaming} streaming after {level.ramp_s:.0f} s; measuring")
-        await _measure(server, level, watchers, hold_s)
-        level.live = sum(w.texted_in_hold for w in watchers)
+        await _ramp_and_hold(server, level, watchers, started, ramp_timeout_s, "streams", on_step)
     finally:
         for watcher in watchers:
             watcher.measuring = False
@@ -334,18 +327,33 @@ async def _direct_level(
     started = time.monotonic()
     readers = [asyncio.create_task(_watch_direct(http, server.sim_url, w)) for w in watchers]
     try:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(ramp_timeout_s):
-                await asyncio.gather(*(w.got_text.wait() for w in watchers))
-        level.ramp_s = time.monotonic() - started
-        on_step(f"{streams} direct streams: measuring after {level.ramp_s:.0f} s")
-        await _measure(server, level, watchers, hold_s)
-        level.live = sum(w.texted_in_hold for w in watchers)
+        label = "direct streams"
+        await _ramp_and_hold(server, level, watchers, started, ramp_timeout_s, label, on_step)
     finally:
         for reader in readers:
             reader.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
     return level
+
+
+async def _ramp_and_hold(
+    server: SpawnedServer,
+    level: StreamsLevel,
+    watchers: list[_Watcher],
+    started: float,
+    ramp_timeout_s: float,
+    label: str,
+    on_step: Callable[[str], None],
+) -> None:
+    """Wait until every stream has text (or the ramp times out), then measure the hold."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(ramp_timeout_s):
+            await asyncio.gather(*(w.got_text.wait() for w in watchers))
+    level.ramp_s = time.monotonic() - started
+    streaming = sum(w.got_text.is_set() for w in watchers)
+    on_step(f"{level.streams} {label}: {streaming} streaming after {level.ramp_s:.0f} s; measuring")
+    await _measure(server, level, watchers, level.hold_s)
+    level.live = sum(w.texted_in_hold for w in watchers)
 
 
 async def _measure(
