@@ -55,10 +55,15 @@ class Transport(Protocol):
         ...
 
 
+def message_head(origin: str) -> bytes:
+    """How every message from `origin` starts: a process skips its own by it, unparsed."""
+    return b'{"o":"' + origin.encode() + b'","e":['
+
+
 def encode(origin: str, events: Sequence[RunEvent], max_payload: int) -> list[bytes]:
     """Messages of at most `max_payload` bytes carrying `events` in order. An event too large
     for one message travels as a stub without data: its receivers re-read the store."""
-    head = b'{"o":"' + origin.encode() + b'","e":['
+    head = message_head(origin)
     room = max_payload - len(head) - 2
     out: list[bytes] = []
     items: list[bytes] = []
@@ -102,10 +107,9 @@ class SharedBus:
         self.hub = hub or Hub()
         self.transport = transport
         self.origin = secrets.token_hex(8)
-        # This process's own messages come back on the transport: recognised by their start
-        # (as `encode` writes it) and skipped before any parsing.
-        self._own_head = '{"o":"' + self.origin + '"'
-        self._own_head_bytes = self._own_head.encode()
+        # This process's own messages come back on the transport (as text or bytes).
+        self._own_head = message_head(self.origin)
+        self._own_head_text = self._own_head.decode()
         self._outbox: deque[RunEvent] = deque()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -186,15 +190,16 @@ class SharedBus:
             self.sent_messages += len(payloads)
 
     def _deliver(self, message: str | bytes) -> None:
-        own = self._own_head if isinstance(message, str) else self._own_head_bytes
-        if message.startswith(own):  # type: ignore[arg-type]
+        if isinstance(message, str):
+            own = message.startswith(self._own_head_text)
+        else:
+            own = message.startswith(self._own_head)
+        if own:
             return
         try:
-            origin, events, stubs = decode(message)
+            _origin, events, stubs = decode(message)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             log.warning("%s bus: ignored a malformed message", self.transport.name)
-            return
-        if origin == self.origin:
             return
         self.received_messages += 1
         if events:
