@@ -1,8 +1,9 @@
 """Real `bullpen` processes in tests: their environment, a free port, `bullpen up` until it
-listens, the bootstrap API key, and CLI commands run as processes."""
+listens, the bootstrap API key, CLI commands run as processes, and `bullpen bench` reports."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -32,6 +33,19 @@ def process_env(settings: Settings, **fields: Any) -> dict[str, str]:
         env["BULLPEN_DATABASE_URL"] = settings.database_url
     env.update({f"BULLPEN_{k.upper()}": str(v) for k, v in fields.items()})
     return env
+
+
+def bench_report(args: list[str], timeout: float) -> dict[str, Any]:
+    """Run `bullpen bench` with `args` (ending in `--json`) as a process; its JSON report."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bullpen", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
 
 
 @dataclass

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
+from tests.acceptance.processes import bench_report
 from tests.conftest import PG_ADMIN_URL
 
 
@@ -17,14 +14,7 @@ def test_the_queue_scenario_reports_throughput_latency_and_fairness(backend: str
     args = ["--backend", backend, "--runs", "200", "--samples", "5", "--json"]
     if backend == "postgres":
         args += ["--workers", "1,2", "--pg-url", PG_ADMIN_URL]
-    done = subprocess.run(
-        [sys.executable, "-m", "bullpen", "bench", "--scenario", "queue", *args],
-        capture_output=True,
-        text=True,
-        timeout=230,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = bench_report(["--scenario", "queue", *args], timeout=230)
     assert report["scenario"] == "queue" and report["backend"] == backend
     counts = [t["workers"] for t in report["throughput"]]
     assert counts == ([1] if backend == "sqlite" else [1, 2])

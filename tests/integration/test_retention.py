@@ -61,9 +61,8 @@ async def test_expired_events_of_ended_runs_go_and_the_rest_stay(store: Store) -
         await write_events(store, ws, run, range(4, 5), cutoff)  # exactly at the cutoff: kept
         await write_events(store, ws, run, range(5, 7), RECENT)
 
-    assert (await sweep(store, NOW, KEEP))[
-        EVENTS
-    ] == 3 * 3  # done, failed, cancelled: 3 old events each
+    swept = await sweep(store, NOW, KEEP)
+    assert swept[EVENTS] == 3 * 3  # done, failed, cancelled: 3 old events each
 
     for status, run in made.items():
         kept = await seqs_of(store, run)

@@ -3,24 +3,15 @@ both deliver every stream's tokens, and the report carries both."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
+
+from tests.acceptance.processes import bench_report
 
 
 @pytest.mark.timeout(240)
 def test_the_streams_scenario_times_bullpens_streams_against_the_simulator_read_directly() -> None:
-    args = ["--backend", "sqlite", "--streams", "3", "--duration", "1", "--json"]
-    done = subprocess.run(
-        [sys.executable, "-m", "bullpen", "bench", "--scenario", "streams", *args],
-        capture_output=True,
-        text=True,
-        timeout=230,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    args = ["--scenario", "streams", "--backend", "sqlite", "--streams", "3", "--duration", "1"]
+    report = bench_report([*args, "--json"], timeout=230)
     (level,) = report["levels"]
     direct = level["direct"]
     for side in (level, direct):
