@@ -86,6 +86,22 @@ async def authenticate(
     return principal
 
 
+async def caller_with(request: Request, svc: Services, permission: Permission) -> Principal:
+    """What `require(permission)` gives a route, for a handler that resolves its own
+    dependencies (the relay's hot path)."""
+    principal = await authenticate(
+        request, svc, await bearer(request), await session_cookie(request)
+    )
+    check_permission(principal, permission)
+    return principal
+
+
+def check_permission(principal: Principal, permission: Permission) -> None:
+    """Refuse (403, audited) a caller without `permission`."""
+    if not principal.can(permission):
+        raise Forbidden(f"this needs the `{permission}` permission")
+
+
 Caller = Annotated[Principal, Depends(authenticate)]
 
 
@@ -102,8 +118,7 @@ def require(permission: Permission) -> Any:
     """A dependency giving the caller, refusing (403, audited) without `permission`."""
 
     async def dependency(principal: Caller) -> Principal:
-        if not principal.can(permission):
-            raise Forbidden(f"this needs the `{permission}` permission")
+        check_permission(principal, permission)
         return principal
 
     dependency.bullpen_access = str(permission)  # type: ignore[attr-defined]
@@ -140,6 +155,11 @@ async def audit_denial(request: Request, reason: str) -> None:
 
 
 async def require_json(request: Request) -> None:
+    """Refuse bodies that are not JSON with 415."""
+    check_json(request)
+
+
+def check_json(request: Request) -> None:
     """Refuse bodies that are not JSON with 415."""
     content_type = request.headers.get("content-type", "")
     if content_type.split(";", 1)[0].strip().lower() != "application/json":

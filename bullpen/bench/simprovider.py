@@ -269,6 +269,8 @@ class _Simulator:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.requests: Counter[str] = Counter()
+        self.streaming = 0  # streamed answers being sent now
+        self.abandoned = 0  # streamed answers whose client hung up before the end
         self.fault = None if config.fault is None else parse_fault(config.fault)
         self._models = frozenset(config.models)
         self._ttft_s = config.ttft_ms / 1000
@@ -459,6 +461,7 @@ class _Simulator:
         await response.prepare(request)
         first_due = started + self._ttft_s
         loop = asyncio.get_running_loop()
+        self.streaming += 1
         try:
             await _sleep_until(first_due)
             pending = [] if fault.silent else [frames.role()]
@@ -482,7 +485,12 @@ class _Simulator:
             else:
                 await response.write_eof()
         except ConnectionResetError:
-            pass  # the client hung up; there is nobody left to tell
+            self.abandoned += 1  # the client hung up; there is nobody left to tell
+        except asyncio.CancelledError:
+            self.abandoned += 1  # the client hung up while this handler waited
+            raise
+        finally:
+            self.streaming -= 1
         return response
 
 
@@ -530,6 +538,16 @@ class SimulatedProvider:
     def total_requests(self) -> int:
         """Return how many chat completion requests were received."""
         return self._simulator.requests.total()
+
+    @property
+    def streaming(self) -> int:
+        """Streamed answers being sent now."""
+        return self._simulator.streaming
+
+    @property
+    def abandoned(self) -> int:
+        """Streamed answers whose client hung up before the end."""
+        return self._simulator.abandoned
 
     @property
     def base_url(self) -> str:

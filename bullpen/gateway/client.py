@@ -1,4 +1,4 @@
-"""One streaming chat completion against one provider, over pooled aiohttp sessions (no SDK).
+"""One streaming chat completion against one provider, over pooled connections (no SDK).
 
 Every call streams upstream, whatever the caller asked for: the gateway needs the first token
 to know when fallback stops being allowed. Chunks are parsed with orjson and handed on as
@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 
 from bullpen.errors import (
@@ -25,6 +24,7 @@ from bullpen.errors import (
     ProviderTimeout,
 )
 from bullpen.gateway.catalog import Provider
+from bullpen.gateway.http1 import Http1Pool, Response, Target, target_of
 from bullpen.gateway.redact import scrub
 
 _DATA = b"data:"
@@ -63,30 +63,24 @@ def failure(
 
 
 class GatewayClient:
-    """One pooled aiohttp session per provider; `async with` owns their lifetimes."""
+    """Keep-alive connections to every provider; `async with` owns their lifetimes."""
 
     def __init__(self) -> None:
-        self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._pool = Http1Pool()
+        self._targets: dict[str, Target] = {}
 
     async def __aenter__(self) -> GatewayClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        sessions, self._sessions = self._sessions, {}
-        await asyncio.gather(*(s.close() for s in sessions.values()))
+        self._pool.close()
 
-    def _session(self, provider: Provider) -> aiohttp.ClientSession:
-        session = self._sessions.get(provider.key)
-        if session is None:
-            session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
-                timeout=aiohttp.ClientTimeout(total=None),
-                # The gateway's requests carry their own credentials; nothing ambient.
-                trust_env=False,
-                cookie_jar=aiohttp.DummyCookieJar(),
-            )
-            self._sessions[provider.key] = session
-        return session
+    def _target(self, provider: Provider) -> Target:
+        found = self._targets.get(provider.base_url)
+        if found is None:
+            found = target_of(provider.base_url.rstrip("/") + "/chat/completions")
+            self._targets[provider.base_url] = found
+        return found
 
     async def stream(
         self, provider: Provider, body: Mapping[str, Any], exchange: Exchange
@@ -103,24 +97,22 @@ class GatewayClient:
         headers = {"Accept": "text/event-stream", "Content-Type": "application/json"}
         if provider.api_key:
             headers["Authorization"] = f"Bearer {provider.api_key}"
-        url = provider.base_url.rstrip("/") + "/chat/completions"
         started = loop.time()
-        response: aiohttp.ClientResponse | None = None
+        response: Response | None = None
         parser = _Lines(provider, exchange)
         clean = False
         try:
             try:
                 async with asyncio.timeout(limits.ttft_s):
-                    response = await self._session(provider).post(
-                        url,
-                        data=orjson.dumps(body),
-                        headers=headers,
-                        timeout=aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_s),
-                        allow_redirects=False,
+                    response = await self._pool.post(
+                        self._target(provider),
+                        headers,
+                        orjson.dumps(body),
+                        connect_timeout_s=limits.connect_s,
                     )
                     if response.status != 200:
                         raise await _refusal(provider, response)
-                    opening = await parser.until_content(response.content)
+                    opening = await parser.until_content(response)
                 exchange.ttft_s = loop.time() - started if parser.saw_content else None
                 if not parser.saw_content:
                     parser.raise_pending()
@@ -133,12 +125,12 @@ class GatewayClient:
             if opening:
                 yield opening
             parser.raise_pending()
-            idle = _IdleWatch(loop, limits.idle_s, response.content)
+            idle = _IdleWatch(loop, limits.idle_s, response)
             try:
                 while not parser.ended:
                     idle.waiting_since = loop.time()
                     try:
-                        data = await response.content.readany()
+                        data = await response.read_some()
                     except _Idle:
                         raise failure(
                             ProviderTimeout,
@@ -170,7 +162,7 @@ class GatewayClient:
                     transient=True,
                 )
             clean = True
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError) as err:
+        except OSError as err:
             stage = "connect" if response is None else "connection-lost"
             raise failure(
                 ProviderError,
@@ -203,14 +195,12 @@ class _IdleWatch:
     provider's idleness.
     """
 
-    __slots__ = ("_content", "_handle", "_limit", "_loop", "waiting_since")
+    __slots__ = ("_handle", "_limit", "_loop", "_response", "waiting_since")
 
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, limit: float, content: aiohttp.StreamReader
-    ) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: float, response: Response) -> None:
         self._loop = loop
         self._limit = limit
-        self._content = content
+        self._response = response
         self.waiting_since: float | None = None
         self._handle = loop.call_later(limit, self._check)
 
@@ -218,7 +208,7 @@ class _IdleWatch:
         since = self.waiting_since
         now = self._loop.time()
         if since is not None and now - since >= self._limit:
-            self._content.set_exception(_Idle())
+            self._response.fail(_Idle())
             return
         wake = (since if since is not None else now) + self._limit
         self._handle = self._loop.call_at(wake, self._check)
@@ -247,11 +237,11 @@ class _Lines:
         if self.error is not None:
             raise self.error
 
-    async def until_content(self, content: aiohttp.StreamReader) -> list[dict[str, Any]]:
+    async def until_content(self, response: Response) -> list[dict[str, Any]]:
         """Read until a chunk with content arrives (or the stream ends); return the chunks."""
         chunks: list[dict[str, Any]] = []
         while not self.saw_content and not self.ended and self.error is None:
-            data = await content.readany()
+            data = await response.read_some()
             if not data:
                 self.ended = True
                 break
@@ -346,8 +336,8 @@ def _count(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def _retry_after(response: aiohttp.ClientResponse) -> float | None:
-    raw = response.headers.get("Retry-After")
+def _retry_after(response: Response) -> float | None:
+    raw = response.headers.get("retry-after")
     if raw is None:
         return None
     try:
@@ -357,17 +347,17 @@ def _retry_after(response: aiohttp.ClientResponse) -> float | None:
     return seconds if seconds >= 0 else None
 
 
-async def _refusal(provider: Provider, response: aiohttp.ClientResponse) -> ProviderError:
+async def _refusal(provider: Provider, response: Response) -> ProviderError:
     """The typed error for a non-200 answer, with a short, secret-free message."""
     status = response.status
     message, code = "", ""
     try:
-        body = orjson.loads(await response.content.read(_ERROR_BODY_BYTES))
+        body = orjson.loads(await response.read(_ERROR_BODY_BYTES))
         error = body.get("error") if isinstance(body, dict) else None
         if isinstance(error, dict):
             message = str(error.get("message") or "")
             code = str(error.get("code") or error.get("type") or "")
-    except (orjson.JSONDecodeError, aiohttp.ClientError, TimeoutError):
+    except (orjson.JSONDecodeError, OSError):
         pass
     key = provider.api_key
     message = scrub(message, (key,) if key else ())[:_MESSAGE_CHARS]

@@ -4,6 +4,7 @@ providers are simulators on real sockets, the first one requiring the key."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import secrets
@@ -21,7 +22,7 @@ from bullpen.bench.simprovider import SimConfig, SimulatedProvider, completion_t
 from bullpen.store.tables import cost_events, metadata, users
 from tests.conftest import RunningServer
 from tests.integration.client import call, problem
-from tests.integration.db import rows
+from tests.integration.db import count, rows
 from tests.integration.seed import open_session
 from tests.integration.sse import read_events, text_of
 from tests.integration.test_api_task_actions import PROMPT, new_task, wait_status
@@ -122,6 +123,34 @@ async def test_runs_fall_back_fail_visibly_and_record_every_attempt(
     run, events = await finished_run(http, server, "failed")
     assert run["error_code"] == "provider-spend-limit" and run["attempt"] == 1
     assert text_of(events) == "" and backup.total_requests == calls_before
+
+
+async def test_a_relay_caller_hanging_up_mid_answer_closes_the_upstream_request(
+    server: RunningServer, http: aiohttp.ClientSession, sims: list[SimulatedProvider]
+) -> None:
+    primary, _ = sims
+    await configure(server, http, sims)
+    primary.fault = "slow:20"  # 8 tokens over 400 ms
+    body = {"model": "smart", "messages": MESSAGES, "stream": True}
+    url = server.base_url + "/v1/chat/completions"
+    async with http.post(url, json=body, headers=server.auth) as resp:
+        assert resp.status == 200
+        async for line in resp.content:
+            if b'"content":"' in line and b'"content":""' not in line:
+                break
+        assert primary.streaming == 1
+        resp.close()  # gone after the first words
+    for _ in range(300):
+        settled = await count(server, cost_events) == 1
+        if settled and primary.streaming == 0 and server.services.relay_slots.held == 0:
+            break
+        await asyncio.sleep(0.01)
+    # The provider saw its client leave mid-answer (nobody reads on at its expense), the
+    # stream slot is free again, and the words it did send are metered.
+    assert (primary.abandoned, primary.streaming) == (1, 0)
+    assert server.services.relay_slots.held == 0
+    [ledger] = await rows(server, sa.select(cost_events))
+    assert ledger.provider == "primary" and 1 <= ledger.output_tokens < TOKENS
 
 
 async def test_relay_errors_keep_their_type_and_mid_stream_failures_raise_in_the_sdk(
