@@ -8,11 +8,13 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bullpen import __version__, gcpolicy
 from bullpen.api import openapi, problems
 from bullpen.api.deps import access_of
+from bullpen.api.direct import DirectEndpoint
+from bullpen.api.headers import SecurityHeaders
 from bullpen.api.limits import BodyLimit
 from bullpen.api.problems import RELAY_PREFIX
 from bullpen.api.routes import (
@@ -34,37 +36,21 @@ from bullpen.api.routes import (
 from bullpen.app import build
 from bullpen.settings import Settings
 
-_SECURITY_HEADERS = [
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"same-origin"),
-    (b"x-frame-options", b"DENY"),
-    (
-        b"content-security-policy",
-        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        b"connect-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
-    ),
-]
 
+class BullpenApp(FastAPI):
+    """FastAPI, with the direct endpoints (the relay's hot path) served ahead of its
+    middleware stack. Each does for itself what the stack would do (`bullpen.api.direct`)."""
 
-class SecurityHeaders:
-    """Add security headers to every response (pure ASGI: streams pass through untouched)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    direct: dict[str, ASGIApp]  # POST endpoints by exact path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                present = {name.lower() for name, _ in message.get("headers", [])}
-                extra = [(n, v) for n, v in _SECURITY_HEADERS if n not in present]
-                message = {**message, "headers": [*message.get("headers", []), *extra]}
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = self.direct.get(scope["path"])
+            if endpoint is not None:
+                scope["app"] = self
+                await endpoint(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
 
 
 API_ROUTERS: list[APIRouter] = [
@@ -105,7 +91,7 @@ def create_app(settings: Settings) -> FastAPI:
             gcpolicy.settle()
             yield
 
-    app = FastAPI(
+    app = BullpenApp(
         title="Bullpen",
         version=__version__,
         summary="Control plane for teams of LLM agents",
@@ -125,5 +111,8 @@ def create_app(settings: Settings) -> FastAPI:
         app.include_router(router)
     app.include_router(ui.router)
     openapi.install(app)
+    app.direct = {
+        "/v1/chat/completions": DirectEndpoint(relay.chat_request, settings.relay_max_body_bytes)
+    }
     app.mount("/static", StaticFiles(directory=ui.WEB / "static"), name="static")
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import orjson
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bullpen.api.problems import MEDIA_TYPE, PROBLEM_BASE
@@ -31,29 +32,22 @@ class BodyLimit:
             if scope["path"].startswith(prefix):
                 limit = own
                 break
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = -1
-                if declared < 0 or declared > limit:
-                    await self._reject(send, limit)
-                    return
-        received = 0
+        declared = declared_length(scope)
+        if declared is not None and (declared < 0 or declared > limit):
+            await self._reject(send, limit)
+            return
         exceeded = False
         replaced = False
         started = False
+        limited_receive = limited(receive, limit)
 
-        async def limited_receive() -> Message:
-            nonlocal received, exceeded
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    exceeded = True
-                    raise BodyTooLarge
-            return message
+        async def guarded_receive() -> Message:
+            nonlocal exceeded
+            try:
+                return await limited_receive()
+            except BodyTooLarge:
+                exceeded = True
+                raise
 
         async def guarded_send(message: Message) -> None:
             # Frameworks may turn a failed body read into their own error: answer 413 instead.
@@ -69,29 +63,59 @@ class BodyLimit:
             await send(message)
 
         try:
-            await self.app(scope, limited_receive, guarded_send)
+            await self.app(scope, guarded_receive, guarded_send)
         except BodyTooLarge:
             if not replaced and not started:
                 await self._reject(send, limit)
 
     async def _reject(self, send: Send, limit: int) -> None:
-        body = orjson.dumps(
+        response = too_large(limit)
+        await response({"type": "http"}, _nothing, send)
+
+
+async def _nothing() -> Message:
+    return {"type": "http.disconnect"}
+
+
+def declared_length(scope: Scope) -> int | None:
+    """The request's `Content-Length` (-1 if malformed), or None without one."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return -1
+    return None
+
+
+def limited(receive: Receive, limit: int) -> Receive:
+    """`receive`, raising BodyTooLarge once the body read so far passes `limit` bytes."""
+    received = 0
+
+    async def limited_receive() -> Message:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise BodyTooLarge
+        return message
+
+    return limited_receive
+
+
+def too_large(limit: int) -> Response:
+    """The 413 problem+json for a body over `limit` bytes; the connection is closed after it."""
+    return Response(
+        orjson.dumps(
             {
                 "type": PROBLEM_BASE + "payload-too-large",
                 "title": "Payload too large",
                 "status": 413,
                 "detail": f"The request body is over the limit of {limit} bytes.",
             }
-        )
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", MEDIA_TYPE.encode()),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        ),
+        status_code=413,
+        media_type=MEDIA_TYPE,
+        headers={"Connection": "close"},
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 PROBLEM_BASE = "https://bullpen.dev/problems/"
 MEDIA_TYPE = "application/problem+json"
 RELAY_PREFIX = "/v1/"
+Handler = Callable[[Request, Exception], Awaitable[Response]]
 
 _HTTP_SLUGS = {
     400: ("bad-request", "Bad request"),
@@ -177,9 +179,23 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     )
 
 
+_HANDLERS: tuple[tuple[type[Exception], Handler], ...] = (
+    (BullpenError, _bullpen_error),
+    (RequestValidationError, _validation_error),
+    (StarletteHTTPException, _http_error),
+    (Exception, _unexpected),
+)
+
+
 def install(app: FastAPI) -> None:
     """Route every error through problem+json."""
-    app.add_exception_handler(BullpenError, _bullpen_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected)
+    for cls, handler in _HANDLERS:
+        app.add_exception_handler(cls, handler)
+
+
+async def answer(request: Request, exc: Exception) -> Response:
+    """What the installed handlers answer to `exc`, for code running outside them."""
+    for cls, handler in _HANDLERS:
+        if isinstance(exc, cls):
+            return await handler(request, exc)
+    raise exc  # unreachable: every Exception has a handler

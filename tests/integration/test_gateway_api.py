@@ -4,17 +4,19 @@ official `openai` SDK, against the built-in simulator over real sockets (both ba
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import openai
+import orjson
 import pytest
 import sqlalchemy as sa
 
 from bullpen.bench.simprovider import completion_tokens
 from bullpen.store.tables import audit_events, cost_events, providers
 from tests.conftest import RunningServer
-from tests.integration.client import call, problem
+from tests.integration.client import PROBLEM, call, problem
 from tests.integration.db import count, rows
 
 KEY = "sk-test-PROVIDERKEY-0123456789"
@@ -235,3 +237,52 @@ async def test_relay_problems_are_also_openai_errors(
         problem(await call(http, server, "POST", "/v1/chat/completions", body=bad), 422)
     missing = await call(http, server, "POST", "/v1/chat/completions", body={**body, "model": "x"})
     assert problem(missing, 404)["type"].endswith("/model-not-found")
+
+
+SECURITY = ("X-Content-Type-Options", "X-Frame-Options", "Content-Security-Policy")
+
+
+@pytest.mark.with_settings(relay_max_body_bytes=2048)
+async def test_the_relays_direct_path_answers_as_the_middleware_stack_would(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    # The relay's chat completions are served ahead of the middleware stack; what the stack
+    # gives every other route, this path gives itself.
+    url = server.base_url + "/v1/chat/completions"
+    body = {"model": "simulated/sim-1", "messages": MESSAGES, "stream": True}
+    async with http.post(url, json=body, headers=server.auth) as resp:
+        assert resp.status == 200 and b"data: [DONE]" in await resp.read()
+        assert all(name in resp.headers for name in SECURITY)
+
+    big = {**body, "messages": [{"role": "user", "content": "x" * 4096}]}
+    too_big = await call(http, server, "POST", "/v1/chat/completions", body=big)
+    assert problem(too_big, 413)["detail"].endswith("limit of 2048 bytes.")
+    assert all(name in too_big.headers for name in SECURITY)
+
+    async def streamed() -> AsyncIterator[bytes]:  # no Content-Length: caught while read
+        yield b'{"model": "simulated/sim-1", "messages": [{"role": "user", "content": "'
+        for _ in range(8):
+            yield b"x" * 1024
+        yield b'"}]}'
+
+    headers = {**server.auth, "Content-Type": "application/json"}
+    async with http.post(url, data=streamed(), headers=headers) as resp:
+        assert resp.status == 413
+        assert (await resp.json())["type"].endswith("/payload-too-large")
+
+    plain = {**server.auth, "Content-Type": "text/plain"}
+    async with http.post(url, data=orjson.dumps(body), headers=plain) as resp:
+        assert resp.status == 415 and resp.headers["Content-Type"] == PROBLEM
+    async with http.post(url, data=b'{"model": ', headers=headers) as resp:
+        invalid = await resp.json()
+        assert resp.status == 422 and invalid["errors"][0]["location"] == "body"
+    wrong = await call(http, server, "POST", "/v1/chat/completions", body={**body, "n": 2})
+    assert problem(wrong, 422)["errors"][0]["field"] == "n"
+    anonymous = await call(http, server, "POST", "/v1/chat/completions", headers={}, body=body)
+    assert problem(anonymous, 401)["error"]["type"] == "unauthenticated"
+    assert anonymous.headers["WWW-Authenticate"] == "Bearer"
+
+    # Other methods go through the stack, to the same route.
+    async with http.get(url, headers=server.auth) as resp:
+        assert resp.status == 405 and resp.headers["Allow"] == "POST"
+        assert all(name in resp.headers for name in SECURITY)

@@ -205,7 +205,7 @@ async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDe
     )
 
 
-async def _chat_request(request: Request) -> Response:
+async def chat_request(request: Request) -> Response:
     """`chat_completions` with its parameters resolved here, as FastAPI would resolve them
     (415, then the caller: 401, 429, 403; then the body: 422), for a fraction of the cost."""
     check_json(request)
@@ -222,11 +222,11 @@ async def _chat_request(request: Request) -> Response:
 
 class _ChatRoute(APIRoute):
     """The relay's hot path. FastAPI documents `chat_completions` from its signature (and
-    `access_of` reads its `require`), but requests go to `_chat_request`: solving the
+    `access_of` reads its `require`), but requests go to `chat_request`: solving the
     dependencies generically cost more CPU than the rest of a relayed call's set-up."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        return _chat_request
+        return chat_request
 
 
 router.add_api_route(
