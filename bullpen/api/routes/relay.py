@@ -221,9 +221,10 @@ async def chat_request(request: Request) -> Response:
 
 
 class _ChatRoute(APIRoute):
-    """The relay's hot path. FastAPI documents `chat_completions` from its signature (and
-    `access_of` reads its `require`), but requests go to `chat_request`: solving the
-    dependencies generically cost more CPU than the rest of a relayed call's set-up."""
+    """FastAPI documents `chat_completions` from its signature (and `access_of` reads its
+    `require`), but requests go to `chat_request`: solving the dependencies generically cost
+    more CPU than the rest of a relayed call's set-up. (Most requests do not even come this
+    way: the app serves `chat_request` directly, ahead of its middleware; see `BullpenApp`.)"""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         return chat_request
