@@ -25,7 +25,6 @@ from sqlalchemy import exc
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.base import Executable
-from sqlalchemy.sql.dml import UpdateBase
 
 from bullpen.errors import BullpenError, Unavailable
 
@@ -134,32 +133,6 @@ class Store:
         )
         self._checkpointer: asyncio.Task[None] | None = None
         self._lock_fd: int | None = None
-
-    def watch(self, tables: frozenset[str], changed: Callable[[], None]) -> None:
-        """Call `changed` whenever this process writes one of `tables` (insert, update or
-        delete through SQLAlchemy): at the statement, and again at its commit, so that what
-        a concurrent reader saw before the commit is forgotten too. For caches of rows."""
-        sync_engine = self.engine if isinstance(self.engine, sa.Engine) else self.engine.sync_engine
-        flag = f"bullpen_wrote_{id(changed)}"
-
-        def before_execute(conn: sa.Connection, statement: Any, *_: Any) -> None:
-            if (
-                isinstance(statement, UpdateBase)
-                and getattr(statement.table, "name", None) in tables
-            ):
-                conn.info[flag] = True
-                changed()
-
-        def commit(conn: sa.Connection) -> None:
-            if conn.info.pop(flag, False):
-                changed()
-
-        def rollback(conn: sa.Connection) -> None:
-            conn.info.pop(flag, None)
-
-        sa.event.listen(sync_engine, "before_execute", before_execute)
-        sa.event.listen(sync_engine, "commit", commit)
-        sa.event.listen(sync_engine, "rollback", rollback)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[Connection]:
