@@ -34,7 +34,7 @@ class BodyLimit:
                 break
         declared = declared_length(scope)
         if declared is not None and (declared < 0 or declared > limit):
-            await self._reject(send, limit)
+            await too_large(limit)(scope, receive, send)
             return
         exceeded = False
         replaced = False
@@ -56,7 +56,7 @@ class BodyLimit:
                 return
             if exceeded and message["type"] == "http.response.start":
                 replaced = True
-                await self._reject(send, limit)
+                await too_large(limit)(scope, receive, send)
                 return
             if message["type"] == "http.response.start":
                 started = True
@@ -66,15 +66,7 @@ class BodyLimit:
             await self.app(scope, guarded_receive, guarded_send)
         except BodyTooLarge:
             if not replaced and not started:
-                await self._reject(send, limit)
-
-    async def _reject(self, send: Send, limit: int) -> None:
-        response = too_large(limit)
-        await response({"type": "http"}, _nothing, send)
-
-
-async def _nothing() -> Message:
-    return {"type": "http.disconnect"}
+                await too_large(limit)(scope, receive, send)
 
 
 def declared_length(scope: Scope) -> int | None:

@@ -24,7 +24,7 @@ from bullpen.errors import (
     ProviderTimeout,
 )
 from bullpen.gateway.catalog import Provider
-from bullpen.gateway.http1 import Http1Pool, Response, Target, target_of
+from bullpen.gateway.http1 import Http1Pool, Response, target_of
 from bullpen.gateway.redact import scrub
 
 _DATA = b"data:"
@@ -67,20 +67,12 @@ class GatewayClient:
 
     def __init__(self) -> None:
         self._pool = Http1Pool()
-        self._targets: dict[str, Target] = {}
 
     async def __aenter__(self) -> GatewayClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self._pool.close()
-
-    def _target(self, provider: Provider) -> Target:
-        found = self._targets.get(provider.base_url)
-        if found is None:
-            found = target_of(provider.base_url.rstrip("/") + "/chat/completions")
-            self._targets[provider.base_url] = found
-        return found
 
     async def stream(
         self, provider: Provider, body: Mapping[str, Any], exchange: Exchange
@@ -105,7 +97,7 @@ class GatewayClient:
             try:
                 async with asyncio.timeout(limits.ttft_s):
                     response = await self._pool.post(
-                        self._target(provider),
+                        target_of(provider.base_url.rstrip("/") + "/chat/completions"),
                         headers,
                         orjson.dumps(body),
                         connect_timeout_s=limits.connect_s,

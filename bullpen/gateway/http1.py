@@ -129,7 +129,6 @@ class _Connection(asyncio.Protocol):
         self._error: BaseException | None = None
         self._status = 0
         self._headers: dict[str, str] = {}
-        self._header_name = b""
         self._head_done = False
         self._until_eof = False
         self._complete = False
@@ -137,7 +136,6 @@ class _Connection(asyncio.Protocol):
         self._received = False
         self._finishing: asyncio.TimerHandle | None = None
         self.idle_since = 0.0
-        self.reused = False
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -342,7 +340,6 @@ class Http1Pool:
         while idle:
             conn = idle.pop()
             if conn.usable and now - conn.idle_since < IDLE_S:
-                conn.reused = True
                 return conn
             conn.close()
         return None
