@@ -433,19 +433,24 @@ class UsageLedger:
     """Cost rows of relay calls, group-committed by one background task.
 
     `record` returns a future that resolves once the row's batch committed; the relay awaits it
-    before it tells the caller the call is complete, so a finished call's cost is durable. Rows
-    arriving while a batch commits go into the next one. While the database is away the rows
+    before it tells the caller the call is complete, so a finished call's cost is durable. A
+    batch is one statement (on PostgreSQL one round trip, no BEGIN/COMMIT), and up to
+    `in_flight` batches commit at once: a row arriving while others commit goes out at once
+    in a batch of its own rather than waiting for theirs. While the database is away the rows
     are kept (bounded) and the futures resolve anyway: a caller is not held hostage to the
     ledger.
     """
 
-    def __init__(self, store: Store, *, max_batch: int = 500) -> None:
+    def __init__(self, store: Store, *, max_batch: int = 500, in_flight: int = 4) -> None:
         self._store = store
         self._max_batch = max_batch
+        self._in_flight = in_flight
         # Each row with the future its caller waits on (None once that caller was answered).
         self._pending: list[tuple[dict[str, Any], asyncio.Future[None] | None]] = []
+        self._committing: set[asyncio.Task[bool]] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._away = False
         self.written = 0
 
     async def __aenter__(self) -> UsageLedger:
@@ -459,7 +464,10 @@ class UsageLedger:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        await self._flush()
+        if self._committing:
+            await asyncio.wait(self._committing)
+        while self._pending and await self._commit(self._take()):
+            pass
 
     def record(self, row: dict[str, Any]) -> asyncio.Future[None]:
         """Queue one row (every `cost_events` column but `id`); the future says it committed."""
@@ -472,32 +480,46 @@ class UsageLedger:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if not await self._flush():
+            if self._away:
                 await asyncio.sleep(1.0)  # the database was away: try again shortly
-                self._wake.set()
+                self._away = False
+            while self._pending and len(self._committing) < self._in_flight:
+                task = asyncio.create_task(self._commit(self._take()), name="usage-ledger-batch")
+                self._committing.add(task)
+                task.add_done_callback(self._committed)
 
-    async def _flush(self) -> bool:
-        """Commit one batch; False when the database was away (the rows are kept)."""
+    def _take(self) -> list[tuple[dict[str, Any], asyncio.Future[None] | None]]:
         batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
-        rows = [row for row, _ in batch]
+        return batch
+
+    def _committed(self, task: asyncio.Task[bool]) -> None:
+        self._committing.discard(task)
+        if not task.cancelled() and (err := task.exception()) is not None:
+            log.error("usage rows lost to an unexpected error: %r", err)
         if self._pending:
             self._wake.set()
-        if not rows:
-            return True
-        committed = True
+
+    async def _commit(
+        self, batch: list[tuple[dict[str, Any], asyncio.Future[None] | None]]
+    ) -> bool:
+        """Commit one batch; False when the database was away (the rows are kept)."""
+        rows = [row for row, _ in batch]
         try:
-            async with self._store.write() as conn:
+            async with self._store.autocommit() as conn:
                 await gateway_store.record_costs(conn, rows)
             self.written += len(rows)
+            return True
         except BullpenError as err:  # the database is away: keep the rows for the next try
             log.warning("could not record %d usage rows yet: %s", len(rows), err.detail)
-            committed = False
+            self._away = True
             self._pending[:0] = [(row, None) for row in rows]
             if len(self._pending) > _MAX_PENDING:
                 lost = len(self._pending) - _MAX_PENDING
                 del self._pending[:lost]
                 log.error("dropped %d usage rows: the database was away too long", lost)
-        for _, future in batch:
-            if future is not None and not future.done():
-                future.set_result(None)
-        return committed
+            return False
+        finally:
+            # Answered whatever happened: a bug here must not hang the callers as well.
+            for _, future in batch:
+                if future is not None and not future.done():
+                    future.set_result(None)

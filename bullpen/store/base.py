@@ -125,8 +125,8 @@ class Store:
         self._write_lock = asyncio.Lock() if self.is_sqlite else None
         # PostgreSQL reads run in autocommit: at READ COMMITTED a read-only transaction gives
         # no more consistency than its statements do alone, and BEGIN/COMMIT cost two round
-        # trips per read.
-        self._reader = (
+        # trips per read. So do writes of one statement (`autocommit`).
+        self._autocommit = (
             None
             if isinstance(engine, sa.Engine)
             else engine.execution_options(isolation_level="AUTOCOMMIT")
@@ -146,13 +146,23 @@ class Store:
                 with self.engine.connect() as sync_conn, sync_conn.begin():
                     yield InlineConnection(sync_conn)
                 return
-            assert self._reader is not None
-            async with self._reader.connect() as conn:
+            assert self._autocommit is not None
+            async with self._autocommit.connect() as conn:
                 yield conn
         except (*_UNAVAILABLE, exc.DBAPIError) as err:
             if (unreachable := _unreachable(err)) is None:
                 raise
             raise unreachable from err
+
+    @asynccontextmanager
+    async def autocommit(self) -> AsyncIterator[Connection]:
+        """For writes that are each one statement, atomic on its own (an insert of many rows
+        is one): on PostgreSQL each commits by itself, one round trip instead of three
+        (BEGIN, the statement, COMMIT). On SQLite, and inside an open write transaction, it
+        is `write()`."""
+        opened = self.write() if isinstance(self.engine, sa.Engine) else self.read()
+        async with opened as conn:
+            yield conn
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[Connection]:

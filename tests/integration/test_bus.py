@@ -35,6 +35,7 @@ from bullpen.streams.bus.postgres import PgNotify
 from bullpen.streams.bus.redis import RedisStreams
 from bullpen.streams.bus.shared import SharedBus, Transport, decode, encode
 from tests.conftest import PG_ADMIN_URL
+from tests.gate import Gate, moved
 
 REDIS_URL = os.environ.get("BULLPEN_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 SHARED = ["postgres", "redis"]
@@ -95,14 +96,6 @@ def _with_query(url: str, **params: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}{query}"
 
 
-def _moved(url: str, port: int) -> str:
-    """`url` with its host and port replaced by 127.0.0.1:`port`."""
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)
-    netloc[-1] = f"127.0.0.1:{port}"
-    return parts._replace(netloc="@".join(netloc)).geturl()
-
-
 @dataclass
 class Wire:
     """One test's transport settings: every process made from it shares one channel or key."""
@@ -125,7 +118,7 @@ class Wire:
 
     def transport(self, process: str, *, port: int | None = None) -> Transport:
         """The transport of one process, straight to the service or through `port`."""
-        url = self.url if port is None else _moved(self.url, port)
+        url = self.url if port is None else moved(self.url, port)
         name = "application_name" if self.kind == "postgres" else "client_name"
         return self.make_transport(_with_query(url, **{name: f"{self.tag}-{process}"}))
 
@@ -232,60 +225,6 @@ async def start_bus(request: pytest.FixtureRequest, pg_available: bool) -> Async
             return opened.bus("here", hub)
 
         yield start
-
-
-class Gate:
-    """A TCP relay to a service that can be cut (live connections reset, new ones refused)
-    and restored: a real outage between one process and the service."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self._target = (host, port)
-        self._open = True
-        self._writers: set[asyncio.StreamWriter] = set()
-        self.port = 0
-
-    async def __aenter__(self) -> Gate:
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.cut()
-        self._server.close()
-        await self._server.wait_closed()
-
-    def cut(self) -> None:
-        self._open = False
-        for writer in self._writers:
-            writer.transport.abort()
-        self._writers.clear()
-
-    def restore(self) -> None:
-        self._open = True
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if not self._open:
-            writer.transport.abort()
-            return
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self._target)
-        except OSError:
-            writer.transport.abort()
-            return
-        self._writers |= {writer, up_writer}
-        await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
-        self._writers -= {writer, up_writer}
-
-
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except OSError:
-        pass
-    finally:
-        writer.transport.abort()
 
 
 # --- messages ---------------------------------------------------------------------------------
@@ -607,9 +546,9 @@ async def test_publishing_while_the_service_is_unreachable_neither_raises_nor_bl
     task_id = uuid4()
     closed_port = 1
     transport: Transport = (
-        PgNotify(_moved(PG_ADMIN_URL, closed_port), channel=f"bullpen_test_{uuid4().hex}")
+        PgNotify(moved(PG_ADMIN_URL, closed_port), channel=f"bullpen_test_{uuid4().hex}")
         if kind == "postgres"
-        else RedisStreams(_moved(REDIS_URL, closed_port), key=f"bullpen:test:{uuid4().hex}")
+        else RedisStreams(moved(REDIS_URL, closed_port), key=f"bullpen:test:{uuid4().hex}")
     )
     bus = SharedBus(transport)
     await bus.__aenter__()

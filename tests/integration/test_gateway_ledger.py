@@ -5,13 +5,21 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
+import asyncpg
+import pytest
 import sqlalchemy as sa
 
+from bullpen.app import open_store
 from bullpen.services.gateway import UsageLedger
+from bullpen.settings import Settings
 from bullpen.store.base import Store
 from bullpen.store.tables import cost_events
+from tests.gate import Gate, moved
 from tests.integration.seed import NOW, workspace_with_agent
+
+SOON_S = 10.0
 
 
 def row(workspace_id: Any, n: int) -> dict[str, Any]:
@@ -45,3 +53,57 @@ async def test_rows_arriving_during_a_commit_are_committed_next_not_later(store:
         stored = (await conn.execute(sa.select(sa.func.count()).select_from(cost_events))).scalar()
     assert stored == 200 and ledger.written == 200
     assert elapsed < 0.5, f"200 rows took {elapsed:.2f} s: a caller waited past its commit"
+
+
+async def _stored(store: Store) -> list[int]:
+    async with store.read() as conn:
+        found = await conn.execute(sa.select(cost_events.c.input_tokens))
+    return sorted(found.scalars())
+
+
+@pytest.mark.parametrize("backend", ["postgres"])  # SQLite has one writer: batches queue there
+async def test_a_row_does_not_wait_behind_a_batch_that_cannot_commit_yet(store: Store) -> None:
+    stuck_ws, _ = await workspace_with_agent(store, "stuck")
+    other_ws, _ = await workspace_with_agent(store, "other")
+    url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    locker = await asyncpg.connect(url)
+    try:
+        # A row lock on one workspace holds back inserts that reference it (the foreign key
+        # check), and only those.
+        locking = locker.transaction()
+        await locking.start()
+        await locker.execute("SELECT 1 FROM workspaces WHERE id = $1 FOR UPDATE", stuck_ws)
+        async with UsageLedger(store) as ledger:
+            stuck = ledger.record(row(stuck_ws, 1))
+            await asyncio.sleep(0.2)  # its batch is in the database, waiting on the lock
+            assert not stuck.done()
+            await asyncio.wait_for(ledger.record(row(other_ws, 2)), SOON_S)
+            assert await _stored(store) == [2] and not stuck.done()
+            await locking.rollback()
+            await asyncio.wait_for(stuck, SOON_S)
+        assert await _stored(store) == [1, 2] and ledger.written == 2
+    finally:
+        await locker.close()
+
+
+@pytest.mark.parametrize("backend", ["postgres"])  # a network outage: PostgreSQL's
+async def test_rows_recorded_while_the_database_is_away_are_kept_and_committed_later(
+    settings: Settings,
+) -> None:
+    parts = urlsplit(settings.database_url)
+    assert parts.hostname is not None and parts.port is not None
+    async with Gate(parts.hostname, parts.port) as gate:
+        through = moved(settings.database_url, gate.port)
+        async with open_store(settings.model_copy(update={"database_url": through})) as store:
+            ws, _agent = await workspace_with_agent(store)
+            async with UsageLedger(store) as ledger:
+                gate.cut()
+                # The caller is answered although its row could not commit.
+                await asyncio.wait_for(ledger.record(row(ws, 1)), SOON_S)
+                assert ledger.written == 0
+                gate.restore()
+                await asyncio.wait_for(ledger.record(row(ws, 2)), SOON_S)
+                async with asyncio.timeout(SOON_S):
+                    while ledger.written < 2:  # the kept row goes again after a second
+                        await asyncio.sleep(0.05)
+            assert await _stored(store) == [1, 2]
