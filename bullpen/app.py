@@ -267,6 +267,7 @@ async def build(
                     limit=settings.login_max_failures_per_client, window_s=settings.login_window_s
                 ),
                 session_ttl=timedelta(seconds=settings.session_ttl_s),
+                key_cache_s=settings.api_key_cache_s,
             ),
             tasks=TaskService(
                 store,

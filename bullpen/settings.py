@@ -131,6 +131,7 @@ class Settings(BaseSettings):
     # How long a process reuses a workspace's providers and routes before reading them again
     # (changes made through this process apply at once).
     gateway_catalog_ttl_s: float = Field(default=2.0, ge=0)
+    api_key_cache_s: float = Field(default=1.0, ge=0, le=60)
     # Relay streams open at once in this process; beyond it the relay answers 503.
     relay_max_streams: int = Field(default=2000, ge=1)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -20,6 +21,7 @@ from bullpen.services.ratelimit import FailureWindow
 from bullpen.store import identity
 from bullpen.store.base import Store
 
+_KEY_CACHE_MAX = 10_000
 _TOUCH_EVERY = timedelta(seconds=60)  # last_used_at precision; keeps writes off the hot path
 
 # RFC 9106's second recommended profile (64 MiB, t=3, p=4), above OWASP's argon2id floor.
@@ -51,6 +53,7 @@ class AuthService:
         login_failures: FailureWindow,
         login_failures_per_client: FailureWindow,
         session_ttl: timedelta,
+        key_cache_s: float = 0.0,
     ) -> None:
         self._store = store
         self._secret = secret
@@ -59,14 +62,25 @@ class AuthService:
         self._by_email = login_failures
         self._by_client = login_failures_per_client
         self.session_ttl = session_ttl
+        # API keys by digest, with the monotonic time each entry expires at. Any write of the
+        # rows a key's principal comes from, in this process, empties it (`store.watch`);
+        # other processes' changes apply within `key_cache_s`.
+        self._key_cache_s = key_cache_s
+        self._keys: dict[bytes, tuple[float, identity.KeyRecord]] = {}
+        self._keys_generation = 0
+        if key_cache_s > 0:
+            store.watch(identity.KEY_SOURCES, self._forget_keys)
+
+    def _forget_keys(self) -> None:
+        self._keys.clear()
+        self._keys_generation += 1
 
     async def authenticate_key(self, token: str) -> Principal:
         """The principal an API key acts as."""
         if not tokens.looks_like_api_key(token):
             raise Unauthenticated("invalid API key")
         digest = tokens.digest(self._secret, token)
-        async with self._store.read() as conn:
-            record = await identity.find_api_key(conn, digest)
+        record = await self._key(digest)
         now = self._clock()
         if (
             record is None
@@ -75,7 +89,7 @@ class AuthService:
         ):
             raise Unauthenticated("invalid API key")
         if record.last_used_at is None or now - record.last_used_at > _TOUCH_EVERY:
-            async with self._store.write() as conn:
+            async with self._store.autocommit() as conn:
                 await identity.touch_api_key(conn, record.id, now)
         granted = (
             AGENT_PERMISSIONS if record.agent_id is not None else ROLE_PERMISSIONS[record.role]
@@ -92,6 +106,21 @@ class AuthService:
             # Only an unscoped key (`*`) carries its user's instance-admin powers.
             is_instance_admin=record.is_instance_admin and scopes is None,
         )
+
+    async def _key(self, digest: bytes) -> identity.KeyRecord | None:
+        """The key's record: cached for `key_cache_s`, unknown keys never."""
+        cached = self._keys.get(digest)
+        if cached is not None and cached[0] > time.monotonic():
+            return cached[1]
+        generation = self._keys_generation
+        async with self._store.read() as conn:
+            record = await identity.find_api_key(conn, digest)
+        # Not kept if a write of its rows happened meanwhile: the row read may be the old one.
+        if record is not None and self._key_cache_s > 0 and generation == self._keys_generation:
+            if len(self._keys) >= _KEY_CACHE_MAX:
+                self._keys.clear()
+            self._keys[digest] = (time.monotonic() + self._key_cache_s, record)
+        return record
 
     async def authenticate_session(self, session_id: str) -> SessionPrincipal:
         """The signed-in user behind a session cookie."""

@@ -25,6 +25,7 @@ from sqlalchemy import exc
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.base import Executable
+from sqlalchemy.sql.dml import UpdateBase
 
 from bullpen.errors import BullpenError, Unavailable
 
@@ -58,6 +59,15 @@ _CHECKPOINT_EVERY_S = 2.0
 # Execution option marking SQLite write transactions: the engine begins them IMMEDIATE.
 WRITE_OPTION = "bullpen_write"
 T = TypeVar("T")
+
+
+def _info(conn: sa.Connection) -> dict[Any, Any] | None:
+    """The connection's info dict; None once its database connection is gone (invalidated by
+    an outage, or closed), when asking for it would raise or reconnect, and a rollback is
+    under way: there is nothing left to mark."""
+    if conn.invalidated or conn.closed:
+        return None
+    return conn.info
 
 
 class Connection(Protocol):
@@ -133,6 +143,34 @@ class Store:
         )
         self._checkpointer: asyncio.Task[None] | None = None
         self._lock_fd: int | None = None
+
+    def watch(self, tables: frozenset[str], changed: Callable[[], None]) -> None:
+        """Call `changed` whenever this process writes one of `tables` (insert, update or
+        delete through SQLAlchemy): at the statement, and again at its commit, so that what
+        a concurrent reader saw before the commit is forgotten too. For caches of rows."""
+        sync_engine = self.engine if isinstance(self.engine, sa.Engine) else self.engine.sync_engine
+        flag = f"bullpen_wrote_{id(changed)}"
+
+        def before_execute(conn: sa.Connection, statement: Any, *_: Any) -> None:
+            if (
+                isinstance(statement, UpdateBase)
+                and getattr(statement.table, "name", None) in tables
+            ):
+                if (info := _info(conn)) is not None:
+                    info[flag] = True
+                changed()
+
+        def commit(conn: sa.Connection) -> None:
+            if (info := _info(conn)) is not None and info.pop(flag, False):
+                changed()
+
+        def rollback(conn: sa.Connection) -> None:
+            if (info := _info(conn)) is not None:
+                info.pop(flag, None)
+
+        sa.event.listen(sync_engine, "before_execute", before_execute)
+        sa.event.listen(sync_engine, "commit", commit)
+        sa.event.listen(sync_engine, "rollback", rollback)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[Connection]:

@@ -123,6 +123,8 @@ async def create_api_key(
     return key_id
 
 
+#: The tables a key's principal is read from, or whose deletes cascade to keys.
+KEY_SOURCES = frozenset({"api_keys", "memberships", "users", "workspaces", "agents"})
 _KEY_LOOKUP = (
     sa.select(
         api_keys.c.id,

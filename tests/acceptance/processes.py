@@ -8,11 +8,12 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -48,6 +49,21 @@ def bench_report(args: list[str], timeout: float) -> dict[str, Any]:
     return report
 
 
+def log_file() -> IO[str]:
+    """Where a long-running child's stderr goes: a file, never a pipe. A pipe that nobody
+    reads while the child runs fills at 64 KiB, and then the child's next log line blocks its
+    event loop: a test would hang on what its harness did."""
+    return tempfile.TemporaryFile("w+", encoding="utf-8")
+
+
+def read_log(proc: subprocess.Popen[str], log: IO[str], timeout: float) -> str:
+    """Wait for `proc` to exit; what it wrote to `log` (which is closed)."""
+    proc.wait(timeout)
+    with log:
+        log.seek(0)
+        return log.read()
+
+
 @dataclass
 class Server:
     """A `bullpen up` process; `log` holds its stderr once it has stopped."""
@@ -59,11 +75,12 @@ class Server:
 @contextmanager
 def bullpen_up(env: dict[str, str], port: int) -> Iterator[Server]:
     """`bullpen up` on `port`, once it listens; killed (if still running) on exit."""
+    stderr = log_file()
     proc = subprocess.Popen(
         [sys.executable, "-m", "bullpen", "up", "--quiet", "--port", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         text=True,
     )
     server = Server(proc)
@@ -73,7 +90,7 @@ def bullpen_up(env: dict[str, str], port: int) -> Iterator[Server]:
     finally:
         if proc.poll() is None:
             proc.kill()
-        server.log = proc.communicate(timeout=20)[1]
+        server.log = read_log(proc, stderr, timeout=20)
 
 
 def free_port() -> int:

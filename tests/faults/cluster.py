@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import sqlalchemy as sa
 
@@ -31,7 +31,7 @@ from bullpen.bench.runqueue import bootstrap, enqueue
 from bullpen.settings import Settings
 from bullpen.store.base import Store
 from bullpen.store.tables import run_events, runs, tasks
-from tests.acceptance.processes import process_env
+from tests.acceptance.processes import log_file, process_env, read_log
 
 TERMINAL = ("done", "failed", "cancelled")
 
@@ -64,18 +64,21 @@ class Workers:
         self.procs: list[subprocess.Popen[str]] = []
         self.logs: list[str] = []
         self.collected: set[int] = set()
+        self._log_files: dict[int, IO[str]] = {}
 
     def start(self, count: int = 1) -> list[subprocess.Popen[str]]:
         """Start `count` more workers."""
         started = []
         for _ in range(count):
+            stderr = log_file()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "bullpen", "worker"],
                 env=self.env,
                 stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
+                stderr=stderr,
                 text=True,
             )
+            self._log_files[proc.pid] = stderr
             self.procs.append(proc)
             started.append(proc)
         return started
@@ -86,7 +89,7 @@ class Workers:
 
     def collect(self, proc: subprocess.Popen[str], timeout: float = 30) -> str:
         """Wait for a worker to exit and keep its log."""
-        _, err = proc.communicate(timeout=timeout)
+        err = read_log(proc, self._log_files.pop(proc.pid), timeout)
         self.logs.append(err)
         self.collected.add(proc.pid)
         return err

@@ -358,7 +358,7 @@ async def test_postgres_restarts_under_load_lose_nothing(settings: Settings, db:
         api.proc.terminate()  # a clean shutdown, so its log is whole
         api.proc.wait(30)
     api_log = api.log
-    assert not bad_answers, bad_answers[:5]
+    assert not bad_answers, f"{bad_answers[:5]}\n{api_log[-3000:]}"
     assert 503 in statuses, "the outages were never seen by the API"
     assert len(created) > 50 and stored == len(created)  # no duplicate from a retried key
     worker_logs = "\n".join(log[-3000:] for log in pool.logs)

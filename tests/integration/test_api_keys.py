@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
 import aiohttp
+import pytest
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from bullpen.domain import tokens
 from bullpen.domain.principal import Role
@@ -278,3 +281,42 @@ async def test_who_sees_and_revokes_which_keys_and_agent_keys(
     assert await count(server, api_keys) == 4
     actions = await audit_actions(server)
     assert actions.count("api_key.create") == 1 and actions.count("api_key.revoke") == 1
+
+
+@pytest.mark.with_settings(api_key_cache_s=0.5)
+async def test_key_changes_apply_here_at_once_and_from_other_processes_within_the_cache_time(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    member = await new_member(server, Role.MEMBER, "cached@example.com")
+    key = bearer(member.key)
+    create = {"prompt": PROMPT, "agent_id": str(server.boot.agent_id)}
+    assert (await call(http, server, "GET", "/api/v1/tasks", key)).status == 200  # cached now
+
+    # This process demotes the member: the next request already acts as a viewer.
+    path = f"/api/v1/members/{member.user_id}"
+    assert (await call(http, server, "PATCH", path, server.auth, {"role": "viewer"})).status == 200
+    problem(await call(http, server, "POST", "/api/v1/tasks", key, create), 403)
+
+    # Another process (its own connection to the database) revokes the key: this one, which
+    # read the key a moment ago, honours it at most `api_key_cache_s` longer.
+    assert (await call(http, server, "GET", "/api/v1/tasks", key)).status == 200
+    revoke = (
+        api_keys.update()
+        .where(api_keys.c.id == member.key_id)
+        .values(revoked_at=server.services.clock())
+    )
+    engine = server.services.store.engine
+    url = engine.url.render_as_string(hide_password=False)
+    if isinstance(engine, sa.Engine):
+        other = sa.create_engine(url)
+        with other.begin() as sync_conn:
+            sync_conn.execute(revoke)
+        other.dispose()
+    else:
+        other_async = create_async_engine(url)
+        async with other_async.begin() as conn:
+            await conn.execute(revoke)
+        await other_async.dispose()
+    assert (await call(http, server, "GET", "/api/v1/tasks", key)).status == 200
+    await asyncio.sleep(0.6)
+    problem(await call(http, server, "GET", "/api/v1/tasks", key), 401)
