@@ -434,7 +434,7 @@ class UsageLedger:
 
     `record` returns a future that resolves once the row's batch committed; the relay awaits it
     before it tells the caller the call is complete, so a finished call's cost is durable. A
-    batch is one statement (on PostgreSQL one round trip, no BEGIN/COMMIT), and up to
+    batch is one statement (on PostgreSQL one round trip, no BEGIN/COMMIT), and there up to
     `in_flight` batches commit at once: a row arriving while others commit goes out at once
     in a batch of its own rather than waiting for theirs. While the database is away the rows
     are kept (bounded) and the futures resolve anyway: a caller is not held hostage to the
@@ -484,6 +484,10 @@ class UsageLedger:
                 await asyncio.sleep(1.0)  # the database was away: try again shortly
                 self._away = False
             while self._pending and len(self._committing) < self._in_flight:
+                if self._store.is_sqlite:
+                    # One writer, on this event loop: a task per batch would only add a turn.
+                    await self._commit(self._take())
+                    continue
                 task = asyncio.create_task(self._commit(self._take()), name="usage-ledger-batch")
                 self._committing.add(task)
                 task.add_done_callback(self._committed)
