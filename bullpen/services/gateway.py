@@ -486,7 +486,9 @@ class UsageLedger:
             while self._pending and len(self._committing) < self._in_flight:
                 if self._store.is_sqlite:
                     # One writer, on this event loop: a task per batch would only add a turn.
-                    await self._commit(self._take())
+                    if not await self._commit(self._take()):
+                        self._wake.set()  # the kept rows go again after the pause
+                        break
                     continue
                 task = asyncio.create_task(self._commit(self._take()), name="usage-ledger-batch")
                 self._committing.add(task)

@@ -62,9 +62,9 @@ T = TypeVar("T")
 
 
 def _info(conn: sa.Connection) -> dict[Any, Any] | None:
-    """The connection's info dict; None once its database connection is gone (invalidated by
-    an outage, or closed), when asking for it would raise or reconnect, and a rollback is
-    under way: there is nothing left to mark."""
+    """The connection's info dict, or None once its database connection is gone (invalidated
+    by an outage, or closed): asking then would raise or reconnect, and the marks it held
+    went with the connection anyway."""
     if conn.invalidated or conn.closed:
         return None
     return conn.info
