@@ -87,6 +87,7 @@ async def test_killed_between_claim_and_commit_then_retried(settings: Settings) 
     base = f"http://127.0.0.1:{port}"
     assert settings.database_url is not None
     holder = await asyncpg.connect(settings.database_url.replace("+asyncpg", ""))
+    watcher = await asyncpg.connect(settings.database_url.replace("+asyncpg", ""))
     key = str(uuid.uuid4())
     async with aiohttp.ClientSession() as http:
         with bullpen_up(env, port) as server:
@@ -95,7 +96,9 @@ async def test_killed_between_claim_and_commit_then_retried(settings: Settings) 
             await holder.execute("SELECT 1 FROM workspaces FOR UPDATE")
             pending = asyncio.create_task(_create(http, base, boot, key))
             for _ in range(1200):  # up to 60 s: a loaded machine is slow to get there
-                waiting = await holder.fetchval(
+                # Asked on another connection: inside the holder's transaction the activity
+                # view is a snapshot taken at its first read, and would never change.
+                waiting = await watcher.fetchval(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
                 )
                 if waiting:
@@ -105,12 +108,20 @@ async def test_killed_between_claim_and_commit_then_retried(settings: Settings) 
                 what = "still pending"
                 if pending.done():
                     what = repr(pending.exception() or pending.result())
-                pytest.fail(f"the create never reached its transaction ({what})")
+                sessions = await watcher.fetch(
+                    "SELECT pid, datname, state, wait_event_type, wait_event, "
+                    "left(query, 120) AS query FROM pg_stat_activity"
+                )
+                pytest.fail(
+                    f"the create never reached its transaction ({what})\nsessions:\n"
+                    + "\n".join(str(dict(s)) for s in sessions)
+                )
             server.proc.send_signal(signal.SIGKILL)
             with pytest.raises(aiohttp.ClientError):
                 await pending
         await holder.execute("COMMIT")  # the orphaned transaction now finds its client gone
         await holder.close()
+        await watcher.close()
         with bullpen_up(env, port):
             status, replayed, task_id = await _create(http, base, boot, key)
             assert (status, replayed) == (201, False)  # nothing had committed: created now
