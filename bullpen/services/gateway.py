@@ -429,24 +429,29 @@ def _auditable(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Rows waiting for a commit, each with the future its caller waits on (None once answered).
+_Batch = list[tuple[dict[str, Any], asyncio.Future[None] | None]]
+
+
 class UsageLedger:
     """Cost rows of relay calls, group-committed by one background task.
 
-    `record` returns a future that resolves once the row's batch committed; the relay awaits it
-    before it tells the caller the call is complete, so a finished call's cost is durable. A
-    batch is one statement (on PostgreSQL one round trip, no BEGIN/COMMIT), and there up to
-    `in_flight` batches commit at once: a row arriving while others commit goes out at once
-    in a batch of its own rather than waiting for theirs. While the database is away the rows
-    are kept (bounded) and the futures resolve anyway: a caller is not held hostage to the
-    ledger.
+    `record` returns a future that resolves once the row's batch committed. The relay does not
+    wait for it: a call's end is not held up by a database round trip (under load on
+    PostgreSQL that was most of what the relay added to a stream). Rows commit within moments
+    of their call's end, and leaving the ledger (a graceful stop) commits every row still
+    queued; only a hard crash of the process can lose the rows of calls that ended in its last
+    moments. A batch is one statement (on PostgreSQL one round trip, no BEGIN/COMMIT), and
+    there up to `in_flight` batches commit at once: a row arriving while others commit goes
+    out at once in a batch of its own rather than waiting for theirs. While the database is
+    away the rows are kept (bounded) and the futures resolve anyway.
     """
 
     def __init__(self, store: Store, *, max_batch: int = 500, in_flight: int = 4) -> None:
         self._store = store
         self._max_batch = max_batch
         self._in_flight = in_flight
-        # Each row with the future its caller waits on (None once that caller was answered).
-        self._pending: list[tuple[dict[str, Any], asyncio.Future[None] | None]] = []
+        self._pending: _Batch = []
         self._committing: set[asyncio.Task[bool]] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -494,7 +499,7 @@ class UsageLedger:
                 self._committing.add(task)
                 task.add_done_callback(self._committed)
 
-    def _take(self) -> list[tuple[dict[str, Any], asyncio.Future[None] | None]]:
+    def _take(self) -> _Batch:
         batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
         return batch
 
@@ -505,9 +510,7 @@ class UsageLedger:
         if self._pending:
             self._wake.set()
 
-    async def _commit(
-        self, batch: list[tuple[dict[str, Any], asyncio.Future[None] | None]]
-    ) -> bool:
+    async def _commit(self, batch: _Batch) -> bool:
         """Commit one batch; False when the database was away (the rows are kept)."""
         rows = [row for row, _ in batch]
         try:

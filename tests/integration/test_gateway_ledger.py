@@ -107,3 +107,12 @@ async def test_rows_recorded_while_the_database_is_away_are_kept_and_committed_l
                     while ledger.written < 2:  # the kept row goes again after a second
                         await asyncio.sleep(0.05)
             assert await _stored(store) == [1, 2]
+
+
+async def test_rows_still_queued_when_the_ledger_closes_are_committed(store: Store) -> None:
+    # The relay does not wait for its row: a graceful stop must not lose the last ones.
+    ws, _agent = await workspace_with_agent(store)
+    async with UsageLedger(store) as ledger:
+        for i in range(50):
+            ledger.record(row(ws, i))
+    assert await _stored(store) == list(range(50)) and ledger.written == 50

@@ -3,7 +3,8 @@
 Authenticated by Bullpen API keys (or a session); `model` names a model route, a
 `provider/model`, or a model that one provider of the workspace offers. Every call goes through
 the gateway's router, so fallback, timeouts, breakers and key redaction apply; usage and cost
-are written to the ledger against the caller (its key, user or agent).
+are written to the ledger against the caller (its key, user or agent), without holding up
+the call's end.
 
 Streaming answers start once the first content has arrived: until then a failure is still an
 ordinary HTTP error (problem+json, with an OpenAI-style `error` member too). A failure after
@@ -183,7 +184,7 @@ async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDe
             async for batch in chunks:
                 for chunk in batch:
                     answer.absorb(chunk)
-            await settle.finish()
+            settle()
             return Response(
                 orjson.dumps(answer.completion(call)),
                 media_type="application/json",
@@ -257,7 +258,7 @@ class EventStream(Response):
 
     Leaner than Starlette's StreamingResponse (no task group per response): a disconnect is
     noticed by one waiter on `receive`, which cancels the sending task; the frames are then
-    closed, which closes the upstream request.
+    closed, which closes the upstream request. The frame ending in `[DONE]` is the last.
     """
 
     media_type = "text/event-stream"
@@ -281,10 +282,16 @@ class EventStream(Response):
         waiter.add_done_callback(gone)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            last = False
             async for frame in self._frames:
-                await send({"type": "http.response.body", "body": frame, "more_body": True})
+                # `[DONE]` leaves with the body's end: one write, one packet, not two.
+                last = frame.endswith(_DONE)
+                await send({"type": "http.response.body", "body": frame, "more_body": not last})
+                if last:
+                    break
             sending = False
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if not last:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if sending and waiter.done() and not waiter.cancelled():
                 task.uncancel()  # the client went away: nothing more to do for it
@@ -320,18 +327,9 @@ class _Settle:
         """The gateway call being settled."""
         return self._call
 
-    async def finish(self) -> None:
-        """The call completed: record its usage and wait until that is durable."""
-        if self._done:
-            return
-        self._done = True
-        self._svc.relay_slots.give_back()
-        recorded = _record(self._svc, self._principal, self._call)
-        if recorded is not None:
-            await recorded
-
     def __call__(self) -> None:
-        """The call ended any other way: close upstream if open, record without waiting."""
+        """The call ended: close upstream if still open, queue its usage for the ledger (which
+        commits it within moments; the caller does not wait for that), free the slot."""
         if self._done:
             return
         self._done = True
@@ -381,7 +379,7 @@ async def _sse(
             # Content went out already: say so in-band, and never send [DONE].
             yield _error_frame(err)
             return
-        await settle.finish()
+        settle()
         yield (answer.usage_frame(settle.call) if include_usage else b"") + _DONE
     finally:
         settle()
