@@ -162,7 +162,11 @@ def bench_relay(
             f"{level['total_p50_added_ms']} ms, p99 {level['total_p99_added_ms']} ms "
             f"(direct ttft p50/p99 {level['ttft_p50_direct_ms']}/{level['ttft_p99_direct_ms']}"
             f" ms; {level['requests_relay']} relayed, {level['errors']} errors; server CPU "
-            f"{level['server_cpu_ms_per_relay_request']} ms a relayed stream)",
+            f"{level['server_cpu_ms_per_relay_request']} ms a relayed stream); a bare TCP hop "
+            f"adds ttft p50 {level.get('ttft_p50_hop_added_ms')} ms, p99 "
+            f"{level.get('ttft_p99_hop_added_ms')} ms, total p50 "
+            f"{level.get('total_p50_hop_added_ms')} ms, p99 {level.get('total_p99_hop_added_ms')}"
+            f" ms (hop CPU {level['hop_cpu_ms_per_request']} ms a stream)",
             flush=True,
         )
 

@@ -1,29 +1,35 @@
 """`bullpen bench --scenario relay`: what the relay adds to a streamed completion.
 
 One simulated provider process and one `bullpen up` process (worker off) whose built-in
-`simulated` provider points at it. The load client (this process) keeps C streams open back
-to back, alternately straight to the simulator and through the relay (`/v1/chat/completions`,
-model `simulated/sim-1`, authenticated, metered), in rounds of the same length, so both sides
-see the same machine at nearly the same time. Per request it records the time to the first
-content chunk and to the end of the stream; the relay's overhead is the difference of the
-percentiles (relay − direct) at each concurrency, the median over rounds.
+`simulated` provider points at it, and a pass-through TCP hop to the simulator in a process of
+its own (`bullpen.bench.hop`). The load client (this process) keeps C streams open back to
+back, in turn straight to the simulator, through the hop, and through the relay
+(`/v1/chat/completions`, model `simulated/sim-1`, authenticated, metered), in rounds of the
+same length, so every side sees the same machine at nearly the same time. Per request it
+records the time to the first content chunk and to the end of the stream; the relay's
+overhead is the difference of the percentiles (relay − direct) at each concurrency, the median
+over rounds. The hop's (hop − direct) is the floor under it: what one more process in the
+path costs on this machine, before any work of the gateway's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
 
 from bullpen.bench.createload import _cpu_s
 from bullpen.bench.report import percentile
-from bullpen.bench.spawn import UNLIMITED, spawn_server
+from bullpen.bench.spawn import UNLIMITED, SpawnError, free_port, spawn_server, stop_process
 
 Backend = Literal["sqlite", "postgres"]
 MESSAGES = [{"role": "user", "content": "Summarise the quarterly numbers for the team"}]
@@ -37,6 +43,12 @@ SIM_ENV = {
     "BULLPEN_SIM_RESPONSE_TOKENS": "64",
 }
 SERVER_ENV = {"BULLPEN_WORKER_ENABLED": "false", **UNLIMITED}
+#: How long one stream takes at the simulator's pace.
+STREAM_S = int(SIM_ENV["BULLPEN_SIM_TTFT_MS"]) / 1000 + int(
+    SIM_ENV["BULLPEN_SIM_RESPONSE_TOKENS"]
+) / int(SIM_ENV["BULLPEN_SIM_TOKENS_PER_SECOND"])
+SIDES = ("direct", "hop", "relay")
+HOP_READY_S = 30.0
 
 
 @dataclass
@@ -60,12 +72,14 @@ class Level:
     concurrency: int
     direct: list[Side] = field(default_factory=list)
     relay: list[Side] = field(default_factory=list)
+    hop: list[Side] = field(default_factory=list)
     server_cpu_ms_per_request: list[float] = field(default_factory=list)
+    hop_cpu_ms_per_request: list[float] = field(default_factory=list)
 
-    def added(self, which: str, q: float) -> float | None:
-        """Median over rounds of (relay − direct) at the `q`-th percentile (0-100], in ms."""
+    def added(self, which: str, q: float, side: str = "relay") -> float | None:
+        """Median over rounds of (`side` − direct) at the `q`-th percentile (0-100], in ms."""
         diffs = []
-        for d, r in zip(self.direct, self.relay, strict=True):
+        for d, r in zip(self.direct, getattr(self, side), strict=True):
             dp, rp = d.p(which, q), r.p(which, q)
             if dp is not None and rp is not None:
                 diffs.append(rp - dp)
@@ -78,18 +92,27 @@ class Level:
             values = [v for s in sides if (v := s.p(which, q)) is not None]
             return round(statistics.median(values), 2) if values else None
 
+        def rounded(value: float | None, digits: int = 2) -> float | None:
+            return round(value, digits) if value is not None else None
+
         out: dict[str, Any] = {"concurrency": self.concurrency}
         for which in ("ttft", "total"):
             for q, name in ((50, "p50"), (99, "p99")):
-                added = self.added(which, q)
                 out[f"{which}_{name}_direct_ms"] = med(self.direct, which, q)
                 out[f"{which}_{name}_relay_ms"] = med(self.relay, which, q)
-                out[f"{which}_{name}_added_ms"] = round(added, 2) if added is not None else None
+                out[f"{which}_{name}_added_ms"] = rounded(self.added(which, q))
+                if self.hop:
+                    out[f"{which}_{name}_hop_ms"] = med(self.hop, which, q)
+                    out[f"{which}_{name}_hop_added_ms"] = rounded(self.added(which, q, "hop"))
         out["requests_direct"] = sum(len(s.total_ms) for s in self.direct)
         out["requests_relay"] = sum(len(s.total_ms) for s in self.relay)
-        out["errors"] = sum(s.errors for s in self.direct + self.relay)
-        cpu = self.server_cpu_ms_per_request
-        out["server_cpu_ms_per_relay_request"] = round(statistics.median(cpu), 3) if cpu else None
+        out["requests_hop"] = sum(len(s.total_ms) for s in self.hop)
+        out["errors"] = sum(s.errors for s in self.direct + self.relay + self.hop)
+        for key, cpu in (
+            ("server_cpu_ms_per_relay_request", self.server_cpu_ms_per_request),
+            ("hop_cpu_ms_per_request", self.hop_cpu_ms_per_request),
+        ):
+            out[key] = rounded(statistics.median(cpu), 3) if cpu else None
         return out
 
 
@@ -130,22 +153,61 @@ async def _round(
     warmup_s: float,
     duration_s: float,
 ) -> Side:
-    """C clients back to back; requests started after the warm-up and before the end count."""
+    """C clients back to back; requests started after the warm-up and before the end count.
+
+    The clients' first requests are spread evenly over one stream's length (or the warm-up,
+    if shorter): started together, streams of equal length would stay in step, and every
+    target would see all C requests arrive within moments of each other once a stream's
+    length, rather than C streams open at once.
+    """
     measured, scratch = Side(), Side()
     loop = asyncio.get_running_loop()
     start = loop.time() + warmup_s
     stop = start + duration_s
+    spread_s = min(STREAM_S, warmup_s)
 
-    async def client() -> None:
+    async def client(index: int) -> None:
+        await asyncio.sleep(spread_s * index / concurrency)
         while True:
             now = loop.time()
             if now >= stop:
                 return
             await _stream(http, url, headers, body, measured if now >= start else scratch)
 
-    await asyncio.gather(*(client() for _ in range(concurrency)))
+    await asyncio.gather(*(client(i) for i in range(concurrency)))
     measured.warmup_requests = len(scratch.total_ms) + scratch.errors
     return measured
+
+
+@contextlib.asynccontextmanager
+async def _hop_process(sim_url: str) -> AsyncIterator[tuple[str, int]]:
+    """A pass-through hop to the simulator in a process of its own: its base URL and pid."""
+    parts = urlsplit(sim_url)
+    assert parts.port is not None
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bullpen.bench.hop", str(port), str(parts.port)
+    )
+    try:
+        deadline = time.monotonic() + HOP_READY_S
+        while True:
+            if proc.returncode is not None:
+                raise SpawnError(f"the bench's TCP hop exited with status {proc.returncode}")
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SpawnError(
+                        f"the bench's TCP hop did not listen within {HOP_READY_S:g} s"
+                    ) from None
+                await asyncio.sleep(0.05)
+                continue
+            writer.close()
+            await writer.wait_closed()
+            break
+        yield urlunsplit(parts._replace(netloc=f"127.0.0.1:{port}")), proc.pid
+    finally:
+        await stop_process(proc)
 
 
 async def run_relay_bench(
@@ -158,47 +220,58 @@ async def run_relay_bench(
     warmup_s: float = 2.0,
     on_step: Callable[[str], None] = lambda _line: None,
 ) -> list[Level]:
-    """Measure every concurrency level; alternate direct and relay rounds."""
-    async with spawn_server(
-        backend, pg_admin_url=pg_admin_url, env={**SIM_ENV, **SERVER_ENV}, sim="process"
-    ) as server:
+    """Measure every concurrency level; direct, hop and relay rounds in turn."""
+    async with contextlib.AsyncExitStack() as stack:
+        server = await stack.enter_async_context(
+            spawn_server(
+                backend, pg_admin_url=pg_admin_url, env={**SIM_ENV, **SERVER_ENV}, sim="process"
+            )
+        )
         assert server.sim_url is not None
-        direct = (
-            server.sim_url + "/chat/completions",
-            {"Content-Type": "application/json"},
-            orjson.dumps({"model": "sim-1", "messages": MESSAGES, "stream": True}),
-        )
-        relay = (
-            server.base_url + "/v1/chat/completions",
-            {"Content-Type": "application/json", "Authorization": f"Bearer {server.api_key}"},
-            orjson.dumps({"model": "simulated/sim-1", "messages": MESSAGES, "stream": True}),
-        )
+        hop_url, hop_pid = await stack.enter_async_context(_hop_process(server.sim_url))
+        body = orjson.dumps({"model": "sim-1", "messages": MESSAGES, "stream": True})
+        plain = {"Content-Type": "application/json"}
+        targets = {
+            "direct": (server.sim_url + "/chat/completions", plain, body, None),
+            "hop": (hop_url + "/chat/completions", plain, body, hop_pid),
+            "relay": (
+                server.base_url + "/v1/chat/completions",
+                {"Content-Type": "application/json", "Authorization": f"Bearer {server.api_key}"},
+                orjson.dumps({"model": "simulated/sim-1", "messages": MESSAGES, "stream": True}),
+                server.pid,
+            ),
+        }
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
         timeout = aiohttp.ClientTimeout(total=60)
         levels = []
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-            for concurrency in concurrencies:
-                level = Level(concurrency)
-                for i in range(rounds):
-                    order = ("direct", "relay") if i % 2 == 0 else ("relay", "direct")
-                    for name in order:
-                        url, headers, body = direct if name == "direct" else relay
-                        cpu_before = await _cpu_s(server.pid)
-                        side = await _round(
-                            http, url, headers, body, concurrency, warmup_s, duration_s
-                        )
-                        cpu_after = await _cpu_s(server.pid)
-                        getattr(level, name).append(side)
-                        if name == "relay" and cpu_before is not None and cpu_after is not None:
-                            requests = max(1, len(side.total_ms) + side.warmup_requests)
-                            level.server_cpu_ms_per_request.append(
-                                (cpu_after - cpu_before) * 1000 / requests
-                            )
-                        on_step(
-                            f"C={concurrency} round {i + 1}/{rounds} {name}: "
-                            f"{len(side.total_ms)} streams, ttft p50 "
-                            f"{side.p('ttft', 50) or 0:.1f} ms p99 {side.p('ttft', 99) or 0:.1f}"
-                            f" ms, errors {side.errors}"
-                        )
-                levels.append(level)
+        http = await stack.enter_async_context(
+            aiohttp.ClientSession(connector=connector, timeout=timeout)
+        )
+        for concurrency in concurrencies:
+            level = Level(concurrency)
+            for i in range(rounds):
+                # Each side goes first, second and third in turn.
+                order = SIDES[i % 3 :] + SIDES[: i % 3]
+                for name in order:
+                    url, headers, payload, pid = targets[name]
+                    cpu_before = await _cpu_s(pid) if pid is not None else None
+                    side = await _round(
+                        http, url, headers, payload, concurrency, warmup_s, duration_s
+                    )
+                    cpu_after = await _cpu_s(pid) if pid is not None else None
+                    getattr(level, name).append(side)
+                    if cpu_before is not None and cpu_after is not None:
+                        requests = max(1, len(side.total_ms) + side.warmup_requests)
+                        cpu_ms = (cpu_after - cpu_before) * 1000 / requests
+                        if name == "relay":
+                            level.server_cpu_ms_per_request.append(cpu_ms)
+                        else:
+                            level.hop_cpu_ms_per_request.append(cpu_ms)
+                    on_step(
+                        f"C={concurrency} round {i + 1}/{rounds} {name}: "
+                        f"{len(side.total_ms)} streams, ttft p50 "
+                        f"{side.p('ttft', 50) or 0:.1f} ms p99 {side.p('ttft', 99) or 0:.1f}"
+                        f" ms, errors {side.errors}"
+                    )
+            levels.append(level)
     return levels

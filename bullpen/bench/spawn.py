@@ -41,9 +41,11 @@ __all__ = [
     "SpawnError",
     "SpawnedServer",
     "extract_revision",
+    "free_port",
     "head_commit",
     "project_root",
     "spawn_server",
+    "stop_process",
 ]
 
 Backend = Literal["sqlite", "postgres"]
@@ -276,7 +278,8 @@ def _tail(path: Path, max_bytes: int) -> str:
         return ""
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
@@ -376,7 +379,8 @@ async def _wait_ready(
             await asyncio.sleep(0.1)
 
 
-async def _stop(proc: asyncio.subprocess.Process) -> None:
+async def stop_process(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `STOP_GRACE_S`."""
     if proc.returncode is not None:
         return
     with contextlib.suppress(ProcessLookupError):
@@ -439,7 +443,7 @@ async def spawn_server(
         if source is not None:
             await _check_source(child_env, source.path)
         if sim == "process":
-            sim_port = _free_port()
+            sim_port = free_port()
             res.sim_stderr = (data_dir / "sim.stderr.log").open("wb")
             res.sim_proc = await asyncio.create_subprocess_exec(
                 *_bullpen_argv("sim-provider", "--host", "127.0.0.1", "--port", str(sim_port)),
@@ -464,7 +468,7 @@ async def spawn_server(
                 f"{sorted(info)}; a reused data dir or database prints api_key null)"
             )
 
-        port = port or _free_port()
+        port = port or free_port()
         base_url = f"http://127.0.0.1:{port}"
         stderr_path = data_dir / "server.stderr.log"
         res.stderr_file = stderr_path.open("wb")
@@ -529,15 +533,15 @@ class _Resources:
 
     async def close(self) -> None:
         try:
-            await asyncio.gather(*(_stop(w) for w in self.workers))
+            await asyncio.gather(*(stop_process(w) for w in self.workers))
             for log in self.worker_logs:
                 log.close()
             if self.proc is not None:
-                await _stop(self.proc)
+                await stop_process(self.proc)
             if self.stderr_file is not None:
                 self.stderr_file.close()
             if self.sim_proc is not None:
-                await _stop(self.sim_proc)
+                await stop_process(self.sim_proc)
             if self.sim_stderr is not None:
                 self.sim_stderr.close()
             if self.database is not None:

@@ -245,3 +245,19 @@ def test_relay_levels_report_the_median_and_99th_percentile_differences() -> Non
     assert summary["ttft_p50_added_ms"] == 2.0
     assert summary["ttft_p99_added_ms"] == 40.0  # 139 against 99
     assert summary["total_p99_added_ms"] == 2.0
+
+
+def test_relay_levels_report_the_hop_as_its_own_difference_from_direct() -> None:
+    direct = Side(ttft_ms=[float(v) for v in range(1, 101)], total_ms=[100.0] * 100)
+    hop = Side(ttft_ms=[v + 0.5 for v in range(1, 101)], total_ms=[101.0] * 100)
+    relay = Side(ttft_ms=[v + 2.0 for v in range(1, 101)], total_ms=[103.0] * 100)
+    level = Level(50, direct=[direct], relay=[relay], hop=[hop], hop_cpu_ms_per_request=[1.5])
+    summary = level.summary()
+    assert summary["ttft_p50_added_ms"] == 2.0
+    assert summary["ttft_p50_hop_added_ms"] == 0.5
+    assert summary["total_p99_hop_added_ms"] == 1.0
+    assert summary["ttft_p50_hop_ms"] == 50.5
+    assert summary["requests_hop"] == 100
+    assert summary["hop_cpu_ms_per_request"] == 1.5
+    # Without hop rounds, no hop figures (rather than figures of nothing).
+    assert "ttft_p50_hop_added_ms" not in Level(50, direct=[direct], relay=[relay]).summary()
