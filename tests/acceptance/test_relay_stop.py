@@ -64,6 +64,6 @@ async def test_a_stream_cut_by_a_stop_still_reaches_the_ledger(settings: Setting
     assert not finished, "the stream was meant to be cut, not finished"
     async with open_store(settings) as store, store.read() as conn:
         rows = (await conn.execute(sa.select(cost_events.c.output_tokens))).all()
-    assert len(rows) == 1, f"{len(rows)} ledger rows for one relayed call; log: {server.log[-2000:]}"
+    assert len(rows) == 1, f"{len(rows)} ledger rows for one call; log: {server.log[-2000:]}"
     # Billed for what it streamed: at least the tokens this client saw.
     assert rows[0].output_tokens >= content >= 3
