@@ -343,6 +343,13 @@ def bench(
     workflows: Annotated[
         str, typer.Option(help="[workflow] Workflows kept in flight, per level, e.g. 10,50.")
     ] = "10,50",
+    api_processes: Annotated[
+        int,
+        typer.Option(
+            help="[relay] API processes (`bullpen up`) serving the relayed streams, the "
+            "clients spread over them (PostgreSQL only beyond 1)."
+        ),
+    ] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON, no progress bar.")] = False,
 ) -> None:
     """Load tests: the reference scenario (default), create throughput (--scenario create),
@@ -354,7 +361,7 @@ def bench(
         "reference": ("url", "api_key", "agent_id", "scale", "peak", "hold", "think", "sim"),
         "create": ("baseline_ref", "concurrency", "duration", "warmup", "rounds"),
         "queue": ("runs", "workers", "samples"),
-        "relay": ("streams", "duration", "warmup", "rounds"),
+        "relay": ("streams", "duration", "warmup", "rounds", "api_processes"),
         "streams": ("streams", "duration", "bus", "redis_url"),
         "workflow": ("workflows", "duration", "warmup"),
     }
@@ -396,6 +403,7 @@ def bench(
             duration=duration,
             warmup=warmup,
             rounds=rounds,
+            api_processes=api_processes,
             as_json=as_json,
         )
         return

@@ -130,6 +130,7 @@ def bench_relay(
     duration: float,
     warmup: float,
     rounds: int,
+    api_processes: int,
     as_json: bool,
 ) -> None:
     """`bullpen bench --scenario relay`: the relay's added latency, direct and relayed rounds."""
@@ -138,6 +139,10 @@ def bench_relay(
     levels = _counts(streams, "--streams")
     if rounds < 1:
         raise typer.BadParameter("--rounds must be >= 1")
+    if api_processes < 1 or (api_processes > 1 and backend != "postgres"):
+        raise typer.BadParameter(
+            "--api-processes must be >= 1, and 1 on SQLite (one process a data directory)"
+        )
     _check_window(duration, warmup)
 
     measured = uvloop.run(
@@ -148,12 +153,16 @@ def bench_relay(
             rounds=rounds,
             duration_s=duration,
             warmup_s=warmup,
+            api_processes=api_processes,
             on_step=_stepper(as_json),
         )
     )
     summaries = [level.summary() for level in measured]
     if as_json:
-        print(json.dumps({"backend": backend, "levels": summaries}), flush=True)
+        print(
+            json.dumps({"backend": backend, "api_processes": api_processes, "levels": summaries}),
+            flush=True,
+        )
         return
     for level in summaries:
         print(

@@ -146,7 +146,7 @@ async def _stream(
 
 async def _round(
     http: aiohttp.ClientSession,
-    url: str,
+    urls: Sequence[str],
     headers: dict[str, str],
     body: bytes,
     concurrency: int,
@@ -154,6 +154,7 @@ async def _round(
     duration_s: float,
 ) -> Side:
     """C clients back to back; requests started after the warm-up and before the end count.
+    Client i calls `urls[i % len(urls)]` (several API processes: as a load balancer would).
 
     The clients' first requests are spread evenly over one stream's length (or the warm-up,
     if shorter): started together, streams of equal length would stay in step, and every
@@ -167,6 +168,7 @@ async def _round(
     spread_s = min(STREAM_S, warmup_s)
 
     async def client(index: int) -> None:
+        url = urls[index % len(urls)]
         await asyncio.sleep(spread_s * index / concurrency)
         while True:
             now = loop.time()
@@ -177,6 +179,17 @@ async def _round(
     await asyncio.gather(*(client(i) for i in range(concurrency)))
     measured.warmup_requests = len(scratch.total_ms) + scratch.errors
     return measured
+
+
+async def _cpu_total_s(pids: Sequence[int]) -> float | None:
+    """The CPU seconds of these processes together; None without any (or if one is gone)."""
+    total = 0.0
+    for pid in pids:
+        cpu = await _cpu_s(pid)
+        if cpu is None:
+            return None
+        total += cpu
+    return total if pids else None
 
 
 @contextlib.asynccontextmanager
@@ -218,13 +231,20 @@ async def run_relay_bench(
     rounds: int = 3,
     duration_s: float = 10.0,
     warmup_s: float = 2.0,
+    api_processes: int = 1,
     on_step: Callable[[str], None] = lambda _line: None,
 ) -> list[Level]:
-    """Measure every concurrency level; direct, hop and relay rounds in turn."""
+    """Measure every concurrency level; direct, hop and relay rounds in turn. With
+    `api_processes` > 1 (PostgreSQL), the relayed streams are spread over that many API
+    processes and their CPU is summed."""
     async with contextlib.AsyncExitStack() as stack:
         server = await stack.enter_async_context(
             spawn_server(
-                backend, pg_admin_url=pg_admin_url, env={**SIM_ENV, **SERVER_ENV}, sim="process"
+                backend,
+                pg_admin_url=pg_admin_url,
+                env={**SIM_ENV, **SERVER_ENV},
+                sim="process",
+                api_processes=api_processes,
             )
         )
         assert server.sim_url is not None
@@ -232,13 +252,13 @@ async def run_relay_bench(
         body = orjson.dumps({"model": "sim-1", "messages": MESSAGES, "stream": True})
         plain = {"Content-Type": "application/json"}
         targets = {
-            "direct": (server.sim_url + "/chat/completions", plain, body, None),
-            "hop": (hop_url + "/chat/completions", plain, body, hop_pid),
+            "direct": ([server.sim_url + "/chat/completions"], plain, body, []),
+            "hop": ([hop_url + "/chat/completions"], plain, body, [hop_pid]),
             "relay": (
-                server.base_url + "/v1/chat/completions",
+                [url + "/v1/chat/completions" for url in server.base_urls],
                 {"Content-Type": "application/json", "Authorization": f"Bearer {server.api_key}"},
                 orjson.dumps({"model": "simulated/sim-1", "messages": MESSAGES, "stream": True}),
-                server.pid,
+                server.api_pids,
             ),
         }
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
@@ -253,12 +273,12 @@ async def run_relay_bench(
                 # Each side goes first, second and third in turn.
                 order = SIDES[i % 3 :] + SIDES[: i % 3]
                 for name in order:
-                    url, headers, payload, pid = targets[name]
-                    cpu_before = await _cpu_s(pid) if pid is not None else None
+                    urls, headers, payload, pids = targets[name]
+                    cpu_before = await _cpu_total_s(pids)
                     side = await _round(
-                        http, url, headers, payload, concurrency, warmup_s, duration_s
+                        http, urls, headers, payload, concurrency, warmup_s, duration_s
                     )
-                    cpu_after = await _cpu_s(pid) if pid is not None else None
+                    cpu_after = await _cpu_total_s(pids)
                     getattr(level, name).append(side)
                     if cpu_before is not None and cpu_after is not None:
                         requests = max(1, len(side.total_ms) + side.warmup_requests)

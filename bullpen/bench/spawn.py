@@ -104,6 +104,17 @@ class SpawnedServer:
     sim_url: str | None = None  # the simulator process's base URL, with `sim="process"`
     sim_pid: int | None = None
     worker_pids: tuple[int, ...] = ()
+    more_apis: tuple[tuple[str, int], ...] = ()  # the other API processes: base URL, pid
+
+    @property
+    def base_urls(self) -> list[str]:
+        """Every API process's base URL, this one first."""
+        return [self.base_url, *(url for url, _ in self.more_apis)]
+
+    @property
+    def api_pids(self) -> list[int]:
+        """Every API process's pid, this one first."""
+        return [self.pid, *(pid for _, pid in self.more_apis)]
 
     @property
     def returncode(self) -> int | None:
@@ -403,12 +414,15 @@ async def spawn_server(
     sim: SimPlacement = "process",
     source: SourceTree | None = None,
     workers: int = 0,
+    api_processes: int = 1,
 ) -> AsyncIterator[SpawnedServer]:
     """Start a fresh server on 127.0.0.1 and yield it; tear everything down on exit.
 
     With `workers` that many `bullpen worker` processes run beside it on the same database
     (their pids in `worker_pids`); give the server `BULLPEN_WORKER_ENABLED=false` in `env`
-    for an API-only process.
+    for an API-only process. With `api_processes` > 1 (PostgreSQL only) that many `bullpen up`
+    processes serve the same database, each on its own port (`base_urls`, `api_pids`), as
+    several API processes behind a load balancer would.
 
     With `sim="process"` the simulated provider runs as its own process (as a real provider
     would be elsewhere), so the server's figures do not include the simulator's CPU; with
@@ -419,6 +433,8 @@ async def spawn_server(
         raise ValueError(f"unknown simulator placement {sim!r}")
     if backend not in ("sqlite", "postgres"):
         raise ValueError(f"unknown backend {backend!r}")
+    if api_processes < 1 or (api_processes > 1 and backend != "postgres"):
+        raise ValueError("api_processes must be >= 1, and 1 on SQLite (one process a data dir)")
     data_dir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="bullpen-bench-"))
     res = _Resources(data_dir, pg_admin_url)
     try:
@@ -481,6 +497,23 @@ async def spawn_server(
             stderr=res.stderr_file,
         )
         await _wait_ready(res.proc, base_url, stderr_path, READY_TIMEOUT_S)
+        more_urls = []
+        for i in range(1, api_processes):
+            more_port = free_port()
+            more_url = f"http://127.0.0.1:{more_port}"
+            more_log = data_dir / f"server{i}.stderr.log"
+            res.worker_logs.append(more_log.open("wb"))
+            more = await asyncio.create_subprocess_exec(
+                *_bullpen_argv("up", "--host", "127.0.0.1", "--port", str(more_port), "--quiet"),
+                env=child_env,
+                cwd=cwd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=res.worker_logs[-1],
+            )
+            res.workers.append(more)
+            await _wait_ready(more, more_url, more_log, READY_TIMEOUT_S)
+            more_urls.append((more_url, more.pid))
         for i in range(workers):
             log = (data_dir / f"worker{i}.stderr.log").open("wb")
             res.worker_logs.append(log)
@@ -507,7 +540,8 @@ async def spawn_server(
             source=source,
             sim_url=child_env.get("BULLPEN_SIM_URL") if sim == "process" else None,
             sim_pid=res.sim_proc.pid if res.sim_proc is not None else None,
-            worker_pids=tuple(w.pid for w in res.workers),
+            worker_pids=tuple(w.pid for w in res.workers[api_processes - 1 :]),
+            more_apis=tuple(more_urls),
         )
     except BaseException:
         # Do not let a cleanup failure hide the error that got us here.

@@ -14,6 +14,7 @@ import pytest
 
 from bullpen.bench.hop import hop_server
 from bullpen.bench.relaybench import SIDES, Side, _round, run_relay_bench
+from tests.conftest import PG_ADMIN_URL
 
 BIG = 3 * 1024 * 1024  # past the sockets' buffers: the pipe's back-pressure must hold
 SSE = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'
@@ -102,7 +103,7 @@ async def test_a_rounds_clients_start_spread_over_the_warm_up_not_together() -> 
         began = time.perf_counter()
         side = await _round(
             http,
-            f"http://127.0.0.1:{port_of(server)}/chat/completions",
+            [f"http://127.0.0.1:{port_of(server)}/chat/completions"],
             {"Content-Type": "application/json"},
             b"{}",
             4,
@@ -118,10 +119,12 @@ async def test_a_rounds_clients_start_spread_over_the_warm_up_not_together() -> 
 
 @pytest.mark.timeout(180)
 async def test_the_relay_scenario_measures_direct_hop_and_relayed_streams() -> None:
+    """On PostgreSQL with two API processes: each of the two clients calls its own."""
     steps: list[str] = []
     (level,) = await run_relay_bench(
-        "sqlite",
-        pg_admin_url="",
+        "postgres",
+        pg_admin_url=PG_ADMIN_URL,
+        api_processes=2,
         concurrencies=[2],
         rounds=1,
         duration_s=1.5,
