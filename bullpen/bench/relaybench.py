@@ -199,7 +199,9 @@ async def _hop_process(sim_url: str) -> AsyncIterator[tuple[str, int]]:
     assert parts.port is not None
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bullpen.bench.hop", str(port), str(parts.port)
+        *(sys.executable, "-m", "bullpen.bench.hop", str(port), str(parts.port)),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,  # the bench's own stdout carries its JSON report
     )
     try:
         deadline = time.monotonic() + HOP_READY_S

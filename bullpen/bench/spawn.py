@@ -562,6 +562,7 @@ class _Resources:
     stderr_file: IO[bytes] | None = None
     sim_proc: asyncio.subprocess.Process | None = None
     sim_stderr: IO[bytes] | None = None
+    # Processes beside the server: the other API processes first, then the workers.
     workers: list[asyncio.subprocess.Process] = field(default_factory=list)
     worker_logs: list[IO[bytes]] = field(default_factory=list)
 
