@@ -12,7 +12,9 @@ blocks, which a leak of even one small object per connection would raise by thou
 Over the last 2,000 (1,000 for the kinds run 4,000 times), `tracemalloc`, which costs too
 much to trace all of them (it slows this loop about fourfold), for the bytes and, on failure,
 the lines that allocated them. Either way the second half must not grow like the first:
-growth that scales with connections is a leak.
+growth that scales with connections is a leak. A hash table that moved to a bigger block
+when more connections than ever were still closing is one block, not a leak: the halves count
+only lines whose blocks grew in number; all the bytes traced are held to a looser bound.
 
 SQLite only: what is under test is the response's lifecycle in the process, not the store.
 """
@@ -66,6 +68,9 @@ TRACED_SLACK = 1024 * 1024  # bytes over all traced cycles
 # Bytes over the traced cycles' second half: under 64 bytes a connection over 1,000 (128 over
 # the 500 of the shorter kinds).
 TRACED_HALF_SLACK = 64 * 1024
+# Blocks a line may add and not be counted in the halves: a table moved to a bigger block
+# (the first half may have one table's old block, traced, the second its new one).
+RESIZED_BLOCKS = 2
 SETTLE_S = 30.0
 READ_S = 10.0
 
@@ -170,16 +175,31 @@ def _snapshot() -> tracemalloc.Snapshot:
     return tracemalloc.take_snapshot()
 
 
-def _grown(later: tracemalloc.Snapshot, earlier: tracemalloc.Snapshot) -> int:
+def _held(later: tracemalloc.Snapshot, earlier: tracemalloc.Snapshot) -> int:
     return sum(stat.size_diff for stat in later.compare_to(earlier, "filename"))
+
+
+def _grown(later: tracemalloc.Snapshot, earlier: tracemalloc.Snapshot) -> int:
+    """Bytes held in more blocks than before, line by line. A hash table (the loop's tasks,
+    its async generators, its selector's sockets) moved to a bigger block when the peak of
+    connections the server had yet to see close rose: that is one block at its new size,
+    whatever its size, and it is not counted. A leak of anything a connection makes is a
+    block or more a connection."""
+    return sum(
+        stat.size_diff
+        for stat in later.compare_to(earlier, "lineno")
+        if stat.count_diff > RESIZED_BLOCKS
+    )
 
 
 @dataclass(frozen=True)
 class Traced:
-    """Bytes still held after each half of the traced cycles, and the lines holding most."""
+    """Bytes held after each half of the traced cycles in blocks that grew in number, all
+    bytes held after both, and the lines holding most."""
 
     first: int
     whole: int
+    held: int
     top: str
 
 
@@ -199,7 +219,7 @@ async def traced_growth(churn: Churn, server: RunningServer, cycles: int) -> Tra
     finally:
         tracemalloc.stop()
     top = "\n".join(str(stat) for stat in end.compare_to(start, "lineno")[:15])
-    return Traced(_grown(middle, start), _grown(end, start), top)
+    return Traced(_grown(middle, start), _grown(end, start), _held(end, start), top)
 
 
 @dataclass(frozen=True)
@@ -256,7 +276,8 @@ async def test_sse_churn_leaves_no_growth(
         f"{cycles - traced} at {(cycles - traced) / untraced_s:.0f}/s; {dict(churn.done)}; "
         f"peak subscribers {churn.peak_subscribers}\n"
         f"base {base}\nhalf {half}\nend  {end}\n"
-        f"traced: +{mem.first} B after {traced // 2}, +{mem.whole} B after {traced}\n{mem.top}"
+        f"traced: +{mem.first} B after {traced // 2}, +{mem.whole} B after {traced} in blocks"
+        f" that grew in number, +{mem.held} B in all\n{mem.top}"
     )
     print(report)
     assert churn.peak_subscribers >= 1, report  # the streams were live when left
@@ -267,7 +288,7 @@ async def test_sse_churn_leaves_no_growth(
     assert end.objects - half.objects < OBJECT_SLACK, report
     assert end.blocks - base.blocks < 2 * BLOCK_SLACK, report
     assert end.blocks - half.blocks < BLOCK_SLACK, report
-    assert mem.whole < TRACED_SLACK, report
+    assert mem.held < TRACED_SLACK, report
     assert mem.whole - mem.first < TRACED_HALF_SLACK, report
 
     # The server still answers, and still streams.
