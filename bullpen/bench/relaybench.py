@@ -10,32 +10,41 @@ records the time to the first content chunk and to the end of the stream; the re
 overhead is the difference of the percentiles (relay − direct) at each concurrency, the median
 over rounds. The hop's (hop − direct) is the floor under it: what one more process in the
 path costs on this machine, before any work of the gateway's.
+
+The load client shares the machine's cores with what it measures, so it does as little as it
+can: keep-alive connections over httptools (the gateway's own `Http1Pool`) and, per read, a
+search of the bytes for the first non-empty `content` and for `[DONE]`; no line splitting, no
+JSON. (With aiohttp reading line by line it used as much CPU as the simulator.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-import aiohttp
 import orjson
 
 from bullpen.bench.createload import _cpu_s
 from bullpen.bench.report import percentile
 from bullpen.bench.spawn import UNLIMITED, SpawnError, free_port, spawn_server, stop_process
+from bullpen.gateway.http1 import Http1Pool, Response, Target, target_of
 
 Backend = Literal["sqlite", "postgres"]
 MESSAGES = [{"role": "user", "content": "Summarise the quarterly numbers for the team"}]
-_CONTENT = b'"content":"'
-_EMPTY = b'"content":""'
+# A chunk with content: its `content` string is not empty (the opening one's is).
+_FIRST_CONTENT = re.compile(rb'"content":"[^"]')
 _DONE = b"data: [DONE]"
+_TAIL = len(_DONE)  # what a marker split over two reads may have left in the first
+STREAM_TIMEOUT_S = 60.0
+CONNECT_S = 10.0
 # The simulator's pace: a realistic first-token wait would only add noise to a difference.
 SIM_ENV = {
     "BULLPEN_SIM_TTFT_MS": "50",
@@ -117,37 +126,45 @@ class Level:
 
 
 async def _stream(
-    http: aiohttp.ClientSession, url: str, headers: dict[str, str], body: bytes, side: Side
+    pool: Http1Pool, target: Target, headers: Mapping[str, str], body: bytes, side: Side
 ) -> None:
     started = time.perf_counter()
     first: float | None = None
+    done = False
+    tail = b""
+    response: Response | None = None
     try:
-        async with http.post(url, data=body, headers=headers) as resp:
-            if resp.status != 200:
+        async with asyncio.timeout(STREAM_TIMEOUT_S):
+            response = await pool.post(target, headers, body, connect_timeout_s=CONNECT_S)
+            if response.status != 200:
                 side.errors += 1
-                await resp.read()
+                response.close()
                 return
-            done = False
-            async for line in resp.content:
-                if first is None and _CONTENT in line and _EMPTY not in line:
+            while data := await response.read_some():
+                seen = tail + data if tail else data
+                if first is None and _FIRST_CONTENT.search(seen):
                     first = time.perf_counter()
-                if line.startswith(_DONE):
+                if not done and _DONE in seen:
                     done = True
-            if not done or first is None:
-                side.errors += 1
-                return
-    except (aiohttp.ClientError, TimeoutError):
+                tail = data[-_TAIL:]
+    except (OSError, TimeoutError):
+        if response is not None:
+            response.close()
         side.errors += 1
         return
     ended = time.perf_counter()
+    response.release()
+    if not done or first is None:
+        side.errors += 1
+        return
     side.ttft_ms.append((first - started) * 1000)
     side.total_ms.append((ended - started) * 1000)
 
 
 async def _round(
-    http: aiohttp.ClientSession,
+    pool: Http1Pool,
     urls: Sequence[str],
-    headers: dict[str, str],
+    headers: Mapping[str, str],
     body: bytes,
     concurrency: int,
     warmup_s: float,
@@ -166,15 +183,16 @@ async def _round(
     start = loop.time() + warmup_s
     stop = start + duration_s
     spread_s = min(STREAM_S, warmup_s)
+    targets = [target_of(url) for url in urls]
 
     async def client(index: int) -> None:
-        url = urls[index % len(urls)]
+        target = targets[index % len(targets)]
         await asyncio.sleep(spread_s * index / concurrency)
         while True:
             now = loop.time()
             if now >= stop:
                 return
-            await _stream(http, url, headers, body, measured if now >= start else scratch)
+            await _stream(pool, target, headers, body, measured if now >= start else scratch)
 
     await asyncio.gather(*(client(i) for i in range(concurrency)))
     measured.warmup_requests = len(scratch.total_ms) + scratch.errors
@@ -263,12 +281,9 @@ async def run_relay_bench(
                 server.api_pids,
             ),
         }
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
-        timeout = aiohttp.ClientTimeout(total=60)
         levels = []
-        http = await stack.enter_async_context(
-            aiohttp.ClientSession(connector=connector, timeout=timeout)
-        )
+        pool = Http1Pool()
+        stack.callback(pool.close)
         for concurrency in concurrencies:
             level = Level(concurrency)
             for i in range(rounds):
@@ -278,7 +293,7 @@ async def run_relay_bench(
                     urls, headers, payload, pids = targets[name]
                     cpu_before = await _cpu_total_s(pids)
                     side = await _round(
-                        http, urls, headers, payload, concurrency, warmup_s, duration_s
+                        pool, urls, headers, payload, concurrency, warmup_s, duration_s
                     )
                     cpu_after = await _cpu_total_s(pids)
                     getattr(level, name).append(side)

@@ -9,11 +9,11 @@ import os
 import time
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 
 from bullpen.bench.hop import hop_server
-from bullpen.bench.relaybench import SIDES, Side, _round, run_relay_bench
+from bullpen.bench.relaybench import SIDES, Side, _round, _stream, run_relay_bench
+from bullpen.gateway.http1 import Http1Pool, target_of
 from tests.conftest import PG_ADMIN_URL
 
 BIG = 3 * 1024 * 1024  # past the sockets' buffers: the pipe's back-pressure must hold
@@ -99,22 +99,81 @@ async def test_a_rounds_clients_start_spread_over_the_warm_up_not_together() -> 
         writer.close()
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    async with server, aiohttp.ClientSession() as http:
+    pool = Http1Pool()
+    async with server:
         began = time.perf_counter()
-        side = await _round(
-            http,
-            [f"http://127.0.0.1:{port_of(server)}/chat/completions"],
-            {"Content-Type": "application/json"},
-            b"{}",
-            4,
-            0.4,
-            0.2,
-        )
+        try:
+            side = await _round(
+                pool,
+                [f"http://127.0.0.1:{port_of(server)}/chat/completions"],
+                {"Content-Type": "application/json"},
+                b"{}",
+                4,
+                0.4,
+                0.2,
+            )
+        finally:
+            pool.close()
     assert side.errors == 0 and side.ttft_ms and side.total_ms
     # The first request of each of the 4 clients: 0.1 s apart (0.4 s / 4), not together.
     firsts = sorted(t - began for t in started)[:4]
     gaps = [b - a for a, b in itertools.pairwise(firsts)]
     assert all(gap > 0.03 for gap in gaps) and 0.25 < firsts[-1] - firsts[0] < 0.6, firsts
+
+
+ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+WORD = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize(
+    ("status", "pieces", "content_piece"),
+    [
+        # The opening chunk's empty content is not the first token; what follows it in the
+        # same read is. Markers split over two reads are still found.
+        (200, [ROLE + WORD[:30], WORD[30:] + DONE[:7], DONE[7:]], 1),
+        (200, [ROLE, WORD[:44], WORD[44:], DONE], 2),
+        (200, [ROLE, WORD], None),  # no [DONE]: a broken stream
+        (200, [ROLE, DONE], None),  # no content at all
+        (503, [b'{"error":{"message":"busy"}}'], None),
+    ],
+)
+async def test_the_load_client_times_the_first_content_and_counts_broken_streams(
+    status: int, pieces: list[bytes], content_piece: int | None
+) -> None:
+    """Each piece is written on its own, 20 ms apart; the first content's time is when the
+    piece that completes it (`content_piece`) arrived; None: the stream counts as an error."""
+    arrived: list[float] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 %d X\r\nTransfer-Encoding: chunked\r\n\r\n" % status)
+        for piece in pieces:
+            await asyncio.sleep(0.02)
+            arrived.append(time.perf_counter())
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    pool = Http1Pool()
+    side = Side()
+    async with server:
+        began = time.perf_counter()
+        try:
+            target = target_of(f"http://127.0.0.1:{port_of(server)}/chat/completions")
+            await _stream(pool, target, {}, b"{}", side)
+        finally:
+            pool.close()
+    if content_piece is None:
+        assert side.errors == 1 and not side.ttft_ms and not side.total_ms
+        return
+    assert side.errors == 0 and len(side.ttft_ms) == len(side.total_ms) == 1
+    content_at = (arrived[content_piece] - began) * 1000
+    assert content_at <= side.ttft_ms[0] < content_at + 15, (side.ttft_ms, content_at)
+    assert side.total_ms[0] >= (arrived[-1] - began) * 1000
 
 
 @pytest.mark.timeout(180)
