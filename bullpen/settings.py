@@ -134,6 +134,8 @@ class Settings(BaseSettings):
     api_key_cache_s: float = Field(default=1.0, ge=0, le=60)
     # Relay streams open at once in this process; beyond it the relay answers 503.
     relay_max_streams: int = Field(default=2000, ge=1)
+    # How long the usage ledger gathers relay calls' rows before it commits them as one batch.
+    ledger_linger_ms: int = Field(default=50, ge=0, le=1000)
 
     @field_validator("redis_url")
     @classmethod

@@ -438,25 +438,32 @@ class UsageLedger:
 
     `record` returns a future that resolves once the row's batch committed. The relay does not
     wait for it: a call's end is not held up by a database round trip (under load on
-    PostgreSQL that was most of what the relay added to a stream). Rows commit within moments
-    of their call's end, and leaving the ledger (a graceful stop) commits every row still
-    queued; only a hard crash of the process can lose the rows of calls that ended in its last
-    moments. A batch is one statement (on PostgreSQL one round trip, no BEGIN/COMMIT), and
-    there up to `in_flight` batches commit at once: a row arriving while others commit goes
-    out at once in a batch of its own rather than waiting for theirs. While the database is
-    away the rows are kept (bounded) and the futures resolve anyway.
+    PostgreSQL that was most of what the relay added to a stream). A batch gathers the rows
+    of calls that end within `linger_s` of its first (or until `max_batch` are in), so that a
+    commit's fixed cost is shared: committed one by one, at 150 calls a second on SQLite,
+    they took an eighth of the API's CPU. Leaving the ledger (a graceful stop) commits every
+    row still queued; only a hard crash of the process can lose the rows of calls that ended
+    in its last `linger_s` or so, fewer than the calls still streaming, whose rows a crash
+    loses anyway. A batch is one statement (on PostgreSQL one round trip, no BEGIN/COMMIT),
+    and there up to `in_flight` batches commit at once: rows arriving while others commit go
+    out in a batch of their own rather than waiting for theirs. While the database is away
+    the rows are kept (bounded) and the futures resolve anyway.
     """
 
-    def __init__(self, store: Store, *, max_batch: int = 500, in_flight: int = 4) -> None:
+    def __init__(
+        self, store: Store, *, max_batch: int = 500, in_flight: int = 4, linger_s: float = 0.0
+    ) -> None:
         self._store = store
         self._max_batch = max_batch
         self._in_flight = in_flight
+        self._linger_s = linger_s
         self._pending: _Batch = []
         self._committing: set[asyncio.Task[bool]] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._away = False
         self.written = 0
+        self.batches = 0  # committed
 
     async def __aenter__(self) -> UsageLedger:
         self._task = asyncio.create_task(self._run(), name="usage-ledger")
@@ -484,6 +491,8 @@ class UsageLedger:
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
+            if self._linger_s > 0 and len(self._pending) < self._max_batch:
+                await asyncio.sleep(self._linger_s)  # the rows of calls ending meanwhile join
             self._wake.clear()
             if self._away:
                 await asyncio.sleep(1.0)  # the database was away: try again shortly
@@ -517,6 +526,7 @@ class UsageLedger:
             async with self._store.autocommit() as conn:
                 await gateway_store.record_costs(conn, rows)
             self.written += len(rows)
+            self.batches += 1
             return True
         except BullpenError as err:  # the database is away: keep the rows for the next try
             log.warning("could not record %d usage rows yet: %s", len(rows), err.detail)

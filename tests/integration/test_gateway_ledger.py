@@ -55,6 +55,33 @@ async def test_rows_arriving_during_a_commit_are_committed_next_not_later(store:
     assert elapsed < 0.5, f"200 rows took {elapsed:.2f} s: a caller waited past its commit"
 
 
+@pytest.mark.parametrize("linger_s", [0.0, 0.3])
+async def test_rows_of_calls_ending_within_the_linger_commit_together(
+    store: Store, linger_s: float
+) -> None:
+    ws, _agent = await workspace_with_agent(store)
+    async with UsageLedger(store, linger_s=linger_s) as ledger:
+        started = time.monotonic()
+        committed: list[float] = []
+        first = ledger.record(row(ws, 0))
+        first.add_done_callback(lambda _: committed.append(time.monotonic() - started))
+        for i in range(1, 10):  # a row every 10 ms: 90 ms in all, within one linger
+            await asyncio.sleep(0.01)
+            ledger.record(row(ws, i))
+        await asyncio.wait_for(first, SOON_S)
+        [waited] = committed
+        async with asyncio.timeout(SOON_S):
+            while ledger.written < 10:
+                await asyncio.sleep(0.01)
+    assert await _stored(store) == list(range(10))
+    if linger_s:
+        assert ledger.batches == 1, ledger.batches
+        assert linger_s <= waited < linger_s + 0.5, waited  # the first waited for the rest
+    else:
+        assert ledger.batches >= 5, ledger.batches  # each went out about as it came
+        assert waited < 0.1, waited
+
+
 async def _stored(store: Store) -> list[int]:
     async with store.read() as conn:
         found = await conn.execute(sa.select(cost_events.c.input_tokens))
