@@ -163,7 +163,9 @@ async def build(
             ),
             directory,
         )
-        ledger = await stack.enter_async_context(UsageLedger(store, linger_s=settings.ledger_linger_ms / 1000))
+        ledger = await stack.enter_async_context(
+            UsageLedger(store, linger_s=settings.ledger_linger_ms / 1000)
+        )
         worker: Worker | None = None
         # Who hears of a run enqueued here (filled below): this process's worker, and the
         # other processes' through NOTIFY.
