@@ -10,12 +10,14 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 import sqlalchemy as sa
+from pydantic import ValidationError
 
 from bullpen.app import open_store
 from bullpen.services.gateway import UsageLedger
 from bullpen.settings import Settings
 from bullpen.store.base import Store
 from bullpen.store.tables import cost_events
+from tests.conftest import RunningServer
 from tests.gate import Gate, moved
 from tests.integration.seed import NOW, workspace_with_agent
 
@@ -80,6 +82,20 @@ async def test_rows_of_calls_ending_within_the_linger_commit_together(
     else:
         assert ledger.batches >= 5, ledger.batches  # each went out about as it came
         assert waited < 0.1, waited
+
+
+@pytest.mark.with_settings(ledger_linger_ms=300)
+async def test_the_apps_ledger_lingers_as_configured(server: RunningServer) -> None:
+    ledger = server.services.ledger
+    started = time.monotonic()
+    await asyncio.wait_for(ledger.record(row(server.boot.workspace_id, 1)), SOON_S)
+    assert 0.3 <= time.monotonic() - started < 0.8
+
+
+@pytest.mark.parametrize("linger_ms", [-1, 1001])
+def test_a_linger_out_of_bounds_is_refused(linger_ms: int, tmp_path: Any) -> None:
+    with pytest.raises(ValidationError, match="ledger_linger_ms"):
+        Settings(data_dir=tmp_path, ledger_linger_ms=linger_ms)
 
 
 async def _stored(store: Store) -> list[int]:
