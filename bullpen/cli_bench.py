@@ -135,14 +135,15 @@ def bench_relay(
 ) -> None:
     """`bullpen bench --scenario relay`: the relay's added latency, direct and relayed rounds."""
     from bullpen.bench.relaybench import run_relay_bench
+    from bullpen.bench.spawn import check_api_processes
 
     levels = _counts(streams, "--streams")
     if rounds < 1:
         raise typer.BadParameter("--rounds must be >= 1")
-    if api_processes < 1 or (api_processes > 1 and backend != "postgres"):
-        raise typer.BadParameter(
-            "--api-processes must be >= 1, and 1 on SQLite (one process a data directory)"
-        )
+    try:
+        check_api_processes(backend, api_processes, "--api-processes")
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
     _check_window(duration, warmup)
 
     measured = uvloop.run(

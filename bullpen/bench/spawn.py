@@ -126,6 +126,12 @@ class SpawnedServer:
         return _tail(self.stderr_path, max_bytes)
 
 
+def check_api_processes(backend: str, count: int, name: str = "api_processes") -> None:
+    """ValueError unless `count` API processes can serve one `backend` database."""
+    if count < 1 or (count > 1 and backend != "postgres"):
+        raise ValueError(f"{name} must be >= 1, and 1 on SQLite (one process a data directory)")
+
+
 def _bullpen_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "bullpen", *args]
 
@@ -433,8 +439,7 @@ async def spawn_server(
         raise ValueError(f"unknown simulator placement {sim!r}")
     if backend not in ("sqlite", "postgres"):
         raise ValueError(f"unknown backend {backend!r}")
-    if api_processes < 1 or (api_processes > 1 and backend != "postgres"):
-        raise ValueError("api_processes must be >= 1, and 1 on SQLite (one process a data dir)")
+    check_api_processes(backend, api_processes)
     data_dir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="bullpen-bench-"))
     res = _Resources(data_dir, pg_admin_url)
     try:
@@ -458,16 +463,26 @@ async def spawn_server(
         child_env.update(env or {})
         if source is not None:
             await _check_source(child_env, source.path)
-        if sim == "process":
-            sim_port = free_port()
-            res.sim_stderr = (data_dir / "sim.stderr.log").open("wb")
-            res.sim_proc = await asyncio.create_subprocess_exec(
-                *_bullpen_argv("sim-provider", "--host", "127.0.0.1", "--port", str(sim_port)),
+
+        async def start(log: IO[bytes], *args: str) -> asyncio.subprocess.Process:
+            """`bullpen *args` with this server's environment, its stderr to `log`."""
+            return await asyncio.create_subprocess_exec(
+                *_bullpen_argv(*args),
                 env=child_env,
                 cwd=cwd,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
-                stderr=res.sim_stderr,
+                stderr=log,
+            )
+
+        def up(port: int) -> tuple[str, ...]:
+            return ("up", "--host", "127.0.0.1", "--port", str(port), "--quiet")
+
+        if sim == "process":
+            sim_port = free_port()
+            res.sim_stderr = (data_dir / "sim.stderr.log").open("wb")
+            res.sim_proc = await start(
+                res.sim_stderr, "sim-provider", "--host", "127.0.0.1", "--port", str(sim_port)
             )
             sim_url = f"http://127.0.0.1:{sim_port}/v1"
             await _wait_ready(
@@ -488,45 +503,24 @@ async def spawn_server(
         base_url = f"http://127.0.0.1:{port}"
         stderr_path = data_dir / "server.stderr.log"
         res.stderr_file = stderr_path.open("wb")
-        res.proc = await asyncio.create_subprocess_exec(
-            *_bullpen_argv("up", "--host", "127.0.0.1", "--port", str(port), "--quiet"),
-            env=child_env,
-            cwd=cwd,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=res.stderr_file,
-        )
+        res.proc = await start(res.stderr_file, *up(port))
         await _wait_ready(res.proc, base_url, stderr_path, READY_TIMEOUT_S)
-        more_urls = []
+        more_apis = []
         for i in range(1, api_processes):
             more_port = free_port()
             more_url = f"http://127.0.0.1:{more_port}"
             more_log = data_dir / f"server{i}.stderr.log"
             res.worker_logs.append(more_log.open("wb"))
-            more = await asyncio.create_subprocess_exec(
-                *_bullpen_argv("up", "--host", "127.0.0.1", "--port", str(more_port), "--quiet"),
-                env=child_env,
-                cwd=cwd,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=res.worker_logs[-1],
-            )
+            more = await start(res.worker_logs[-1], *up(more_port))
             res.workers.append(more)
             await _wait_ready(more, more_url, more_log, READY_TIMEOUT_S)
-            more_urls.append((more_url, more.pid))
+            more_apis.append((more_url, more.pid))
+        worker_pids = []
         for i in range(workers):
-            log = (data_dir / f"worker{i}.stderr.log").open("wb")
-            res.worker_logs.append(log)
-            res.workers.append(
-                await asyncio.create_subprocess_exec(
-                    *_bullpen_argv("worker"),
-                    env=child_env,
-                    cwd=cwd,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.DEVNULL,
-                    stderr=log,
-                )
-            )
+            res.worker_logs.append((data_dir / f"worker{i}.stderr.log").open("wb"))
+            worker = await start(res.worker_logs[-1], "worker")
+            res.workers.append(worker)
+            worker_pids.append(worker.pid)
         yield SpawnedServer(
             base_url=base_url,
             api_key=api_key,
@@ -540,8 +534,8 @@ async def spawn_server(
             source=source,
             sim_url=child_env.get("BULLPEN_SIM_URL") if sim == "process" else None,
             sim_pid=res.sim_proc.pid if res.sim_proc is not None else None,
-            worker_pids=tuple(w.pid for w in res.workers[api_processes - 1 :]),
-            more_apis=tuple(more_urls),
+            worker_pids=tuple(worker_pids),
+            more_apis=tuple(more_apis),
         )
     except BaseException:
         # Do not let a cleanup failure hide the error that got us here.
@@ -562,7 +556,7 @@ class _Resources:
     stderr_file: IO[bytes] | None = None
     sim_proc: asyncio.subprocess.Process | None = None
     sim_stderr: IO[bytes] | None = None
-    # Processes beside the server: the other API processes first, then the workers.
+    # Processes beside the server: the other API processes, the workers.
     workers: list[asyncio.subprocess.Process] = field(default_factory=list)
     worker_logs: list[IO[bytes]] = field(default_factory=list)
 
