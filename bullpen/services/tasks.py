@@ -42,6 +42,11 @@ def title_from_prompt(prompt: str) -> str:
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
 
 
+# Creates that may be in flight at once across every API process, unserialised: within this
+# many of the bound, the backlog check serialises a workspace's creates to stay exact.
+_EXACT_MARGIN = 1000
+
+
 class TaskService:
     """Creates, changes and reads tasks within the caller's workspace."""
 
@@ -355,17 +360,24 @@ class TaskService:
     async def _check_backlog(self, conn: Connection, workspace_id: UUID) -> None:
         """Refuse to enqueue beyond the workspace's bounded backlog (429, nothing created).
 
-        A count costs up to `max_backlog` index entries, so a count below half the bound is
-        reused for a second (plus what this process enqueued since): the bound stays exact while
-        the workspace cannot create half the bound in a second through other processes (its
-        default rate limit allows 400, the default bound is 10,000).
+        A count costs up to `max_backlog` index entries, so a count far below the bound is
+        reused for a second (plus what this process enqueued since). Within `_EXACT_MARGIN`
+        of the bound every enqueue counts afresh under a per-workspace lock held to its
+        commit (PostgreSQL; SQLite has one writer), so concurrent creates, in this process or
+        others, cannot together pass the bound: its creates are serialised only while the
+        queue is nearly full.
         """
+        exact_from = self._max_backlog - _EXACT_MARGIN
         now = time.monotonic()
         seen = self._backlog_seen.get(workspace_id)
-        if seen is not None and now - seen[0] < 1.0 and seen[1] < self._max_backlog // 2:
+        reusable = min(self._max_backlog // 2, exact_from)
+        if seen is not None and now - seen[0] < 1.0 and seen[1] < reusable:
             self._backlog_seen[workspace_id] = (seen[0], seen[1] + 1)  # this one joins it
             return
         waiting = await run_store.queued_backlog(conn, workspace_id, self._max_backlog)
+        if exact_from <= waiting < self._max_backlog:  # a full queue refuses without waiting
+            await run_store.lock_backlog(conn, workspace_id)
+            waiting = await run_store.queued_backlog(conn, workspace_id, self._max_backlog)
         self._backlog_seen[workspace_id] = (now, waiting + 1)
         if waiting >= self._max_backlog:
             raise RateLimited(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import random
 from collections.abc import Callable
@@ -413,6 +414,16 @@ async def queued_backlog(conn: Connection, workspace_id: UUID, cap: int) -> int:
         .subquery()
     )
     return int((await conn.execute(sa.select(sa.func.count()).select_from(waiting))).scalar_one())
+
+
+async def lock_backlog(conn: Connection, workspace_id: UUID) -> None:
+    """Serialise enqueues of one workspace until this transaction ends (PostgreSQL; SQLite
+    has one writer already), so that a count of its queue plus this insert is exact."""
+    if conn.dialect.name != "postgresql":
+        return
+    digest = hashlib.sha256(b"backlog\0" + workspace_id.bytes).digest()
+    key = int.from_bytes(digest[:8], "big", signed=True)
+    await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
 
 
 async def reprioritise_queued(conn: Connection, task_id: UUID, priority: int) -> None:
