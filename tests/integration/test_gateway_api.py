@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from typing import Any
 
 import aiohttp
@@ -16,8 +17,9 @@ import sqlalchemy as sa
 from bullpen.bench.simprovider import completion_tokens
 from bullpen.store.tables import audit_events, cost_events, providers
 from tests.conftest import RunningServer
-from tests.integration.client import PROBLEM, call, problem
+from tests.integration.client import PROBLEM, bearer, call, problem, problem_of
 from tests.integration.db import count, rows
+from tests.integration.seed import other_workspace
 
 KEY = "sk-test-PROVIDERKEY-0123456789"
 MESSAGES = [{"role": "user", "content": "Say something short please"}]
@@ -286,3 +288,60 @@ async def test_the_relays_direct_path_answers_as_the_middleware_stack_would(
     async with http.get(url, headers=server.auth) as resp:
         assert resp.status == 405 and resp.headers["Allow"] == "POST"
         assert all(name in resp.headers for name in SECURITY)
+
+
+async def open_stream(
+    http: aiohttp.ClientSession, server: RunningServer, key: str, stack: AsyncExitStack
+) -> aiohttp.ClientResponse:
+    """A relay stream of the built-in simulator, held open (its answer is slow) until `stack`
+    closes; its status is known once the first words have arrived, or it was refused."""
+    body = {"model": "simulated/sim-1", "messages": MESSAGES, "stream": True}
+    return await stack.enter_async_context(
+        http.post(server.base_url + "/v1/chat/completions", json=body, headers=bearer(key))
+    )
+
+
+# Issue 19, finding 4: the stream cap was per process only, so one tenant's slow streams took
+# every slot and the others got 503. Each workspace, and each key, now holds a share of it.
+@pytest.mark.with_settings(
+    sim_tokens_per_second=1.0,  # 24 tokens: each stream lasts 24 s unless its client leaves
+    relay_max_streams=4,
+    relay_max_streams_per_workspace=3,
+    relay_max_streams_per_key=2,
+)
+async def test_one_tenant_cannot_take_every_relay_stream_slot(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    svc = server.services
+    async with svc.store.write() as conn:
+        _, _, their_key = await other_workspace(conn, secret=svc.secret, now=svc.clock())
+    own_key = server.boot.api_key
+    second = await call(http, server, "POST", "/api/v1/api-keys", body={"name": "second"})
+    assert second.status == 201, second.text
+    second_key = second.body["key"]
+
+    async with AsyncExitStack() as stack:
+        # Tenant A floods: its first key fills the key's share, its second the workspace's.
+        flood = [
+            await open_stream(http, server, key, stack)
+            for key in (own_key, own_key, own_key, second_key, second_key)
+        ]
+        # Tenant B still gets through.
+        assert (await open_stream(http, server, their_key, stack)).status == 200
+        assert [resp.status for resp in flood] == [200, 200, 429, 200, 429]
+        for refused, what in ((flood[2], "key"), (flood[4], "workspace")):
+            details = await problem_of(refused, 429)
+            assert what in details["detail"] and details["error"]["type"] == "rate-limited"
+            assert refused.headers["Retry-After"] == "1"
+        # Past the process's own cap it is 503, for anyone.
+        full = await open_stream(http, server, their_key, stack)
+        assert (await problem_of(full, 503))["error"]["type"] == "unavailable"
+        assert svc.relay_slots.held == 4
+    # Every stream's client has left: its slot, and its share, are free again.
+    for _ in range(500):
+        if svc.relay_slots.held == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert svc.relay_slots.held == 0
+    async with AsyncExitStack() as stack:
+        assert (await open_stream(http, server, own_key, stack)).status == 200

@@ -174,7 +174,7 @@ async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDe
     """Call a model through the gateway, streamed or not."""
     catalog = await svc.directory.catalog(principal.workspace_id)
     chain = catalog.resolve(body.model)
-    svc.relay_slots.take()
+    svc.relay_slots.take(str(principal.workspace_id), principal.scope_id)
     call = Call()
     chunks = svc.gateway.router.stream(chain, body.upstream(), call)
     settle = _Settle(svc, principal, call, chunks)
@@ -337,7 +337,7 @@ class _Settle:
             # Unfinished (a client gone mid-stream): closing it closes the upstream request.
             _background(self._chunks.aclose())
         _record(self._svc, self._principal, self._call)
-        self._svc.relay_slots.give_back()
+        self._svc.relay_slots.give_back(str(self._principal.workspace_id), self._principal.scope_id)
 
 
 _closing: set[asyncio.Task[None]] = set()
