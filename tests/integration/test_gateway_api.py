@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import openai
@@ -14,7 +15,7 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from bullpen.bench.simprovider import completion_tokens
+from bullpen.bench.simprovider import SimConfig, SimulatedProvider, completion_tokens
 from bullpen.store.tables import audit_events, cost_events, providers
 from tests.conftest import RunningServer
 from tests.integration.client import PROBLEM, bearer, call, problem, problem_of
@@ -345,3 +346,63 @@ async def test_one_tenant_cannot_take_every_relay_stream_slot(
     assert svc.relay_slots.held == 0
     async with AsyncExitStack() as stack:
         assert (await open_stream(http, server, own_key, stack)).status == 200
+
+
+WIDE = "模型-1"  # printable, outside Latin-1
+# Names no model has: control characters (C0, DEL, C1), line and paragraph separators, format
+# characters (zero width, bidi override), and one character too many.
+UNPRINTABLE = (
+    "sim-1\r\nX-Injected: yes",
+    "sim-1\n",
+    "sim-1\x00",
+    "sim-1\x7f",
+    "sim-1\x85",
+    "sim-1\u2028",
+    "sim\u200b-1",
+    "sim-1\u202e",
+    "m" * 301,
+)
+
+
+# Issue 19, finding 8d: the model name was reflected into `X-Bullpen-Model`; outside Latin-1
+# it was a 500, with CR/LF a dropped connection, each after the provider's answer was billed.
+async def test_model_names_are_checked_first_and_the_model_header_stays_safe(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    # A provider listing no models takes any name the caller gives, and its simulator
+    # answers to every name below, so nothing but the relay's own check stands in between.
+    config = SimConfig(
+        ttft_ms=5, tokens_per_second=2000, response_tokens=4, models=(WIDE, *UNPRINTABLE)
+    )
+    async with SimulatedProvider(config) as sim:
+        body = {"name": "open", "base_url": sim.base_url, "models": []}
+        assert (await call(http, server, "POST", "/api/v1/providers", body=body)).status == 201
+        # Refused before any provider call, streamed or not: nothing to bill.
+        for name in UNPRINTABLE:
+            for stream in (False, True):
+                request = {"model": f"open/{name}", "messages": MESSAGES, "stream": stream}
+                reply = await call(http, server, "POST", "/v1/chat/completions", body=request)
+                details = problem(reply, 422)
+                assert details["errors"][0]["field"] == "model", details
+                assert details["error"]["type"] == "validation"
+        assert sim.total_requests == 0
+
+        # A printable name outside Latin-1 is served; the header names the catalog's model,
+        # percent-encoded (UTF-8).
+        for stream in (False, True):
+            request = {"model": f"open/{WIDE}", "messages": MESSAGES, "stream": stream}
+            async with http.post(
+                server.base_url + "/v1/chat/completions", json=request, headers=server.auth
+            ) as resp:
+                text = await resp.text()
+                assert resp.status == 200, text
+                assert resp.headers["X-Bullpen-Model"] == quote(WIDE)
+                assert resp.headers["X-Bullpen-Provider"] == "open"
+        assert sim.total_requests == 2
+    # Only the two served calls are in the ledger.
+    for _ in range(200):
+        if await count(server, cost_events) == 2:
+            break
+        await asyncio.sleep(0.02)
+    ledger = await rows(server, sa.select(cost_events))
+    assert [(r.provider, r.model) for r in ledger] == [("open", WIDE)] * 2

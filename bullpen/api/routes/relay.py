@@ -18,12 +18,21 @@ import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+)
 from starlette.types import Message, Receive, Scope, Send
 
 from bullpen.api import docs
@@ -49,6 +58,20 @@ OutputTokens = Annotated[
     int, Field(ge=1, le=MAX_OUTPUT_TOKENS, strict=True), BeforeValidator(integral)
 ]
 _DONE = b"data: [DONE]\n\n"
+# What a header value may carry as is: visible ASCII, except `%` (the escape itself).
+_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
+
+
+def _printable(model: str) -> str:
+    """Refuse names no model has (issue 19, finding 8d): control characters (CR/LF among
+    them), line and paragraph separators, format characters; checked before any provider
+    call, so a caller's name can smuggle nothing into a header, a log line or a bill."""
+    if not model.isprintable():
+        raise ValueError("must be printable: no control, separator or format characters")
+    return model
+
+
+ModelName = Annotated[str, AfterValidator(_printable)]
 
 
 class _Message(BaseModel):
@@ -119,7 +142,11 @@ class ChatRequest(BaseModel):
         },
     )
 
-    model: str = Field(min_length=1, max_length=300, description="Route, provider/model or model")
+    model: ModelName = Field(
+        min_length=1,
+        max_length=300,
+        description="Route, provider/model or model; printable characters only",
+    )
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -489,7 +516,12 @@ def _served_headers(call: Call) -> dict[str, str]:
     served = call.served_by
     if served is None:
         return {}
-    return {"X-Bullpen-Provider": served.provider.name, "X-Bullpen-Model": served.model}
+    # The catalog's model, not the caller's words; percent-encoded (UTF-8) beyond visible
+    # ASCII, so any name a provider lists makes a valid header.
+    return {
+        "X-Bullpen-Provider": served.provider.name,
+        "X-Bullpen-Model": quote(served.model, safe=_HEADER_SAFE),
+    }
 
 
 def _record(svc: Services, principal: Principal, call: Call) -> asyncio.Future[None] | None:
