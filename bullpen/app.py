@@ -255,7 +255,12 @@ async def build(
             directory=directory,
             secret_box=box,
             ledger=ledger,
-            relay_slots=Slots(settings.relay_max_streams, "relay streams"),
+            relay_slots=Slots(
+                settings.relay_max_streams,
+                "relay streams",
+                per_workspace=settings.relay_max_streams_per_workspace,
+                per_caller=settings.relay_max_streams_per_key,
+            ),
             provider_defaults=defaults,
             worker=worker,
             auth=AuthService(

@@ -134,6 +134,10 @@ class Settings(BaseSettings):
     api_key_cache_s: float = Field(default=1.0, ge=0, le=60)
     # Relay streams open at once in this process; beyond it the relay answers 503.
     relay_max_streams: int = Field(default=2000, ge=1)
+    # Issue 19, finding 4: each workspace's and each caller's (API key's, or signed-in user's)
+    # share of those; beyond it the relay answers 429, while other tenants still get through.
+    relay_max_streams_per_workspace: int = Field(default=1000, ge=1)
+    relay_max_streams_per_key: int = Field(default=500, ge=1)
     # How long the usage ledger gathers relay calls' rows before it commits them as one batch.
     ledger_linger_ms: int = Field(default=50, ge=0, le=1000)
 

@@ -51,7 +51,13 @@ SIM_ENV = {
     "BULLPEN_SIM_TOKENS_PER_SECOND": "50",
     "BULLPEN_SIM_RESPONSE_TOKENS": "64",
 }
-SERVER_ENV = {"BULLPEN_WORKER_ENABLED": "false", **UNLIMITED}
+SERVER_ENV = {
+    "BULLPEN_WORKER_ENABLED": "false",
+    **UNLIMITED,
+    # One key drives every stream: its share of the stream slots is the process's whole cap.
+    "BULLPEN_RELAY_MAX_STREAMS_PER_WORKSPACE": "2000",
+    "BULLPEN_RELAY_MAX_STREAMS_PER_KEY": "2000",
+}
 #: How long one stream takes at the simulator's pace.
 STREAM_S = int(SIM_ENV["BULLPEN_SIM_TTFT_MS"]) / 1000 + int(
     SIM_ENV["BULLPEN_SIM_RESPONSE_TOKENS"]

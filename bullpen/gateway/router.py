@@ -30,7 +30,7 @@ from bullpen.gateway.breaker import Breakers
 from bullpen.gateway.catalog import Catalog, Price, Target
 from bullpen.gateway.client import Exchange, GatewayClient
 from bullpen.gateway.metrics import GatewayMetrics
-from bullpen.gateway.redact import Redactor, scrub
+from bullpen.gateway.redact import ChunkRedactor
 
 # A rough tokenizer for providers that report no usage: about four characters a token.
 _CHARS_PER_TOKEN = 4
@@ -209,7 +209,7 @@ class Router:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        redactor = Redactor((provider.api_key,)) if provider.api_key else None
+        redactor = ChunkRedactor((provider.api_key,)) if provider.api_key else None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + provider.timeouts.deadline_s
         try:
@@ -228,7 +228,7 @@ class Router:
                     )
                 for chunk in batch:
                     if redactor is not None:
-                        _redact(chunk, redactor)
+                        redactor.chunk(chunk)
                     call.text_chars += _content_chars(chunk)
                 yield batch
         finally:
@@ -240,33 +240,6 @@ class Router:
                     call.input_tokens,
                     call.output_tokens,
                 )
-
-
-def _redact(chunk: dict[str, Any], redactor: Redactor) -> None:
-    """Mask the provider key in a chunk; a held-back tail of content flushes at the finish."""
-    choices = chunk.get("choices")
-    if not choices:
-        return
-    choice = choices[0]
-    delta = choice.get("delta")
-    if not isinstance(delta, dict):
-        return
-    content = delta.get("content")
-    if isinstance(content, str) and content:
-        delta["content"] = redactor.feed(content)
-    if choice.get("finish_reason"):
-        held = redactor.flush()
-        if held:
-            delta["content"] = (delta.get("content") or "") + held
-    refusal = delta.get("refusal")
-    if isinstance(refusal, str) and refusal:
-        delta["refusal"] = scrub(refusal, redactor.secrets)
-    calls = delta.get("tool_calls")
-    if isinstance(calls, list):
-        for tool_call in calls:
-            function = tool_call.get("function") if isinstance(tool_call, dict) else None
-            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
-                function["arguments"] = scrub(function["arguments"], redactor.secrets)
 
 
 def _content_chars(chunk: dict[str, Any]) -> int:

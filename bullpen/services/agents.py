@@ -23,6 +23,7 @@ from bullpen.domain.access import Permission, need
 from bullpen.domain.principal import Principal
 from bullpen.errors import AgentTerminated, Conflict, InvalidInput, NotFound
 from bullpen.store import agents as agent_store
+from bullpen.store import api_keys as key_store
 from bullpen.store import audit
 from bullpen.store.base import Connection, Store
 
@@ -155,7 +156,8 @@ class AgentService:
         """Pause (no new claims; running runs finish), resume, or terminate an agent.
 
         Setting the status it has is a no-op; a terminated agent stays terminated. Terminating
-        does not cancel the agent's tasks by itself: `TaskService.cancel_open_of_agent` does.
+        revokes the agent's API keys in the same transaction; it does not cancel the agent's
+        tasks by itself: `TaskService.cancel_open_of_agent` does.
         """
         need(principal, Permission.AGENTS_WRITE)
         now = self._clock()
@@ -180,7 +182,31 @@ class AgentService:
                 now,
                 {"before": {"status": before.status}, "after": {"status": status}},
             )
+            if status == TERMINATED:
+                await self._revoke_keys(conn, principal, agent_id, now)
             return await self._agent(conn, principal, agent_id)
+
+    @staticmethod
+    async def _revoke_keys(
+        conn: Connection, principal: Principal, agent_id: UUID, now: datetime
+    ) -> None:
+        """Revoke a terminated agent's API keys, each revocation audited (issue 19, finding 5)."""
+        for key in await key_store.revoke_agent_keys(conn, principal.workspace_id, agent_id, now):
+            await audit.record_by(
+                conn,
+                principal,
+                "api_key.revoke",
+                "api_key",
+                key.id,
+                now,
+                {
+                    "name": key.name,
+                    "prefix": key.prefix,
+                    "user_id": None,
+                    "agent_id": str(agent_id),
+                    "reason": "agent terminated",
+                },
+            )
 
     async def _check_manager(
         self, conn: Connection, principal: Principal, agent_id: UUID | None, manager: UUID | None

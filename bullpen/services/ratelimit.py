@@ -101,22 +101,61 @@ class CallerLimits:
 
 
 class Slots:
-    """A bound on things held at once in this process (relay streams); beyond it, 503."""
+    """A bound on things held at once in this process (relay streams): beyond `limit` in all,
+    503; beyond its share, a workspace or a caller (key or user) is refused with 429, so that
+    one tenant cannot take every slot from the others."""
 
-    def __init__(self, limit: int, what: str) -> None:
+    def __init__(
+        self,
+        limit: int,
+        what: str,
+        *,
+        per_workspace: int | None = None,
+        per_caller: int | None = None,
+    ) -> None:
         self._limit = limit
         self._what = what
+        self._per_workspace = per_workspace or limit
+        self._per_caller = per_caller or limit
+        self._workspaces: dict[str, int] = {}
+        self._callers: dict[str, int] = {}
         self.held = 0
 
-    def take(self) -> None:
-        """Hold one, or raise Unavailable (retry in a second) when all are held."""
+    def take(self, workspace: str, caller: str) -> None:
+        """Hold one for `caller` of `workspace`, or raise RateLimited (past a share) or
+        Unavailable (all held), each to retry in a second."""
+        if self._callers.get(caller, 0) >= self._per_caller:
+            raise RateLimited(
+                f"this key holds its limit of {self._per_caller} {self._what} on this server; "
+                "close one or retry shortly",
+                retry_after=1.0,
+            )
+        if self._workspaces.get(workspace, 0) >= self._per_workspace:
+            raise RateLimited(
+                f"this workspace holds its limit of {self._per_workspace} {self._what} on this "
+                "server; close one or retry shortly",
+                retry_after=1.0,
+            )
         if self.held >= self._limit:
             raise Unavailable(
                 f"this server holds its limit of {self._limit} {self._what}; retry shortly",
                 retry_after=1.0,
             )
+        self._workspaces[workspace] = self._workspaces.get(workspace, 0) + 1
+        self._callers[caller] = self._callers.get(caller, 0) + 1
         self.held += 1
 
-    def give_back(self) -> None:
-        """Release one taken with `take`."""
+    def give_back(self, workspace: str, caller: str) -> None:
+        """Release one taken with `take` (the same workspace and caller)."""
+        _drop(self._workspaces, workspace)
+        _drop(self._callers, caller)
         self.held -= 1
+
+
+def _drop(counts: dict[str, int], key: str) -> None:
+    """One less for `key`; keys at zero are forgotten (the maps stay as small as what is held)."""
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]

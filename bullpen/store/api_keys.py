@@ -62,3 +62,20 @@ async def revoke_key(conn: Connection, workspace_id: UUID, key_id: UUID, now: da
         .values(revoked_at=now)
     )
     return int(result.rowcount) == 1
+
+
+async def revoke_agent_keys(
+    conn: Connection, workspace_id: UUID, agent_id: UUID, now: datetime
+) -> list[Any]:
+    """Mark every live key of an agent revoked; the keys revoked (id, name, prefix)."""
+    result = await conn.execute(
+        api_keys.update()
+        .where(
+            api_keys.c.workspace_id == workspace_id,
+            api_keys.c.agent_id == agent_id,
+            api_keys.c.revoked_at.is_(None),
+        )
+        .values(revoked_at=now)
+        .returning(api_keys.c.id, api_keys.c.name, api_keys.c.prefix)
+    )
+    return list(result)

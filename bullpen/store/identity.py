@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from bullpen.domain.principal import Role
 from bullpen.store.base import Connection
-from bullpen.store.tables import api_keys, memberships, sessions, users, workspaces
+from bullpen.store.tables import agents, api_keys, memberships, sessions, users, workspaces
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,9 +145,17 @@ _KEY_LOOKUP = (
                 memberships.c.workspace_id == api_keys.c.workspace_id,
                 memberships.c.user_id == api_keys.c.user_id,
             ),
-        ).outerjoin(users, users.c.id == api_keys.c.user_id)
+        )
+        .outerjoin(users, users.c.id == api_keys.c.user_id)
+        .outerjoin(agents, agents.c.id == api_keys.c.agent_id)
     )
-    .where(api_keys.c.digest == sa.bindparam("digest"), users.c.disabled_at.is_(None))
+    .where(
+        api_keys.c.digest == sa.bindparam("digest"),
+        users.c.disabled_at.is_(None),
+        # A terminated agent's keys are revoked with it; one that escaped (created in a race
+        # with the termination) is refused all the same.
+        sa.or_(api_keys.c.agent_id.is_(None), agents.c.status != "terminated"),
+    )
 )
 
 

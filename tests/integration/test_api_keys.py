@@ -16,7 +16,7 @@ from bullpen.domain import tokens
 from bullpen.domain.principal import Role
 from bullpen.store import agents as agent_store
 from bullpen.store import identity
-from bullpen.store.tables import api_keys, audit_events, idempotency_keys, tasks
+from bullpen.store.tables import agents, api_keys, audit_events, idempotency_keys, tasks
 from tests.conftest import RunningServer
 from tests.integration.client import Reply, bearer, call, problem
 from tests.integration.db import count, rows
@@ -305,18 +305,84 @@ async def test_key_changes_apply_here_at_once_and_from_other_processes_within_th
         .where(api_keys.c.id == member.key_id)
         .values(revoked_at=server.services.clock())
     )
+    await from_another_process(server, revoke)
+    assert (await call(http, server, "GET", "/api/v1/tasks", key)).status == 200
+    await asyncio.sleep(0.6)
+    problem(await call(http, server, "GET", "/api/v1/tasks", key), 401)
+
+
+async def from_another_process(server: RunningServer, statement: Any) -> None:
+    """Run `statement` on a connection of its own, as another process would: this process
+    hears nothing of it (its caches are not told)."""
     engine = server.services.store.engine
     url = engine.url.render_as_string(hide_password=False)
     if isinstance(engine, sa.Engine):
         other = sa.create_engine(url)
         with other.begin() as sync_conn:
-            sync_conn.execute(revoke)
+            sync_conn.execute(statement)
         other.dispose()
     else:
         other_async = create_async_engine(url)
         async with other_async.begin() as conn:
-            await conn.execute(revoke)
+            await conn.execute(statement)
         await other_async.dispose()
-    assert (await call(http, server, "GET", "/api/v1/tasks", key)).status == 200
-    await asyncio.sleep(0.6)
-    problem(await call(http, server, "GET", "/api/v1/tasks", key), 401)
+
+
+RELAYED = {"model": "simulated/sim-1", "messages": [{"role": "user", "content": "Hello there"}]}
+
+
+# Issue 19, finding 5: a terminated agent's key kept working (tasks 201, relay 200).
+async def test_a_terminated_agents_keys_stop_working_at_once(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    agent_id = str(server.boot.agent_id)
+    other = await call(
+        http,
+        server,
+        "POST",
+        "/api/v1/agents",
+        body={"name": "other", "config": {"provider": "simulated", "model": "sim-1"}},
+    )
+    assert other.status == 201, other.text
+    made = [
+        await create_key(http, server, {"name": f"bot{i}", "agent_id": agent_id}) for i in (1, 2)
+    ]
+    agent = bearer(made[0].body["key"])
+    task = {"prompt": PROMPT, "agent_id": other.body["id"]}
+    assert (await call(http, server, "POST", "/api/v1/tasks", agent, task)).status == 201
+    assert (await call(http, server, "POST", "/v1/chat/completions", agent, RELAYED)).status == 200
+
+    path = f"/api/v1/agents/{agent_id}/terminate"
+    assert (await call(http, server, "POST", path)).status == 200
+    for key in made:
+        who = bearer(key.body["key"])
+        problem(await call(http, server, "GET", "/api/v1/tasks", who), 401)
+        problem(await call(http, server, "POST", "/api/v1/tasks", who, task), 401)
+        problem(await call(http, server, "POST", "/v1/chat/completions", who, RELAYED), 401)
+        problem(await call(http, server, "GET", "/v1/models", who), 401)
+    # Revoked in the terminating transaction, each revocation audited.
+    revoked = await rows(server, sa.select(api_keys).where(api_keys.c.agent_id == UUID(agent_id)))
+    assert len(revoked) == 2 and all(row.revoked_at is not None for row in revoked)
+    assert (await audit_actions(server)).count("api_key.revoke") == 2
+    # No new key for it either.
+    problem(await create_key(http, server, {"name": "late", "agent_id": agent_id}), 409)
+
+
+@pytest.mark.with_settings(api_key_cache_s=0.5)
+async def test_a_key_of_a_terminated_agent_is_refused_even_if_not_revoked(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    # A key that escaped revocation (created in a race with the termination, or terminated by
+    # another process while this one holds the key in its cache) is refused all the same.
+    made = await create_key(http, server, {"name": "bot", "agent_id": str(server.boot.agent_id)})
+    agent = bearer(made.body["key"])
+    assert (await call(http, server, "GET", "/api/v1/tasks", agent)).status == 200  # cached now
+    terminate = (
+        agents.update().where(agents.c.id == server.boot.agent_id).values(status="terminated")
+    )
+    await from_another_process(server, terminate)
+    await asyncio.sleep(0.6)  # this process's cache of the key has lapsed
+    problem(await call(http, server, "GET", "/api/v1/tasks", agent), 401)
+    problem(await call(http, server, "POST", "/v1/chat/completions", agent, RELAYED), 401)
+    [row] = await rows(server, sa.select(api_keys).where(api_keys.c.id == UUID(made.body["id"])))
+    assert row.revoked_at is None

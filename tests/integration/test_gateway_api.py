@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import openai
@@ -13,11 +15,12 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from bullpen.bench.simprovider import completion_tokens
+from bullpen.bench.simprovider import SimConfig, SimulatedProvider, completion_tokens
 from bullpen.store.tables import audit_events, cost_events, providers
 from tests.conftest import RunningServer
-from tests.integration.client import PROBLEM, call, problem
+from tests.integration.client import PROBLEM, bearer, call, problem, problem_of
 from tests.integration.db import count, rows
+from tests.integration.seed import other_workspace
 
 KEY = "sk-test-PROVIDERKEY-0123456789"
 MESSAGES = [{"role": "user", "content": "Say something short please"}]
@@ -286,3 +289,120 @@ async def test_the_relays_direct_path_answers_as_the_middleware_stack_would(
     async with http.get(url, headers=server.auth) as resp:
         assert resp.status == 405 and resp.headers["Allow"] == "POST"
         assert all(name in resp.headers for name in SECURITY)
+
+
+async def open_stream(
+    http: aiohttp.ClientSession, server: RunningServer, key: str, stack: AsyncExitStack
+) -> aiohttp.ClientResponse:
+    """A relay stream of the built-in simulator, held open (its answer is slow) until `stack`
+    closes; its status is known once the first words have arrived, or it was refused."""
+    body = {"model": "simulated/sim-1", "messages": MESSAGES, "stream": True}
+    return await stack.enter_async_context(
+        http.post(server.base_url + "/v1/chat/completions", json=body, headers=bearer(key))
+    )
+
+
+# Issue 19, finding 4: the stream cap was per process only, so one tenant's slow streams took
+# every slot and the others got 503. Each workspace, and each key, now holds a share of it.
+@pytest.mark.with_settings(
+    sim_tokens_per_second=1.0,  # 24 tokens: each stream lasts 24 s unless its client leaves
+    relay_max_streams=4,
+    relay_max_streams_per_workspace=3,
+    relay_max_streams_per_key=2,
+)
+async def test_one_tenant_cannot_take_every_relay_stream_slot(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    svc = server.services
+    async with svc.store.write() as conn:
+        _, _, their_key = await other_workspace(conn, secret=svc.secret, now=svc.clock())
+    own_key = server.boot.api_key
+    second = await call(http, server, "POST", "/api/v1/api-keys", body={"name": "second"})
+    assert second.status == 201, second.text
+    second_key = second.body["key"]
+
+    async with AsyncExitStack() as stack:
+        # Tenant A floods: its first key fills the key's share, its second the workspace's.
+        flood = [
+            await open_stream(http, server, key, stack)
+            for key in (own_key, own_key, own_key, second_key, second_key)
+        ]
+        # Tenant B still gets through.
+        assert (await open_stream(http, server, their_key, stack)).status == 200
+        assert [resp.status for resp in flood] == [200, 200, 429, 200, 429]
+        for refused, what in ((flood[2], "key"), (flood[4], "workspace")):
+            details = await problem_of(refused, 429)
+            assert what in details["detail"] and details["error"]["type"] == "rate-limited"
+            assert refused.headers["Retry-After"] == "1"
+        # Past the process's own cap it is 503, for anyone.
+        full = await open_stream(http, server, their_key, stack)
+        assert (await problem_of(full, 503))["error"]["type"] == "unavailable"
+        assert svc.relay_slots.held == 4
+    # Every stream's client has left: its slot, and its share, are free again.
+    for _ in range(500):
+        if svc.relay_slots.held == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert svc.relay_slots.held == 0
+    async with AsyncExitStack() as stack:
+        assert (await open_stream(http, server, own_key, stack)).status == 200
+
+
+WIDE = "模型-1"  # printable, outside Latin-1
+# Names no model has: control characters (C0, DEL, C1), line and paragraph separators, format
+# characters (zero width, bidi override), and one character too many.
+UNPRINTABLE = (
+    "sim-1\r\nX-Injected: yes",
+    "sim-1\n",
+    "sim-1\x00",
+    "sim-1\x7f",
+    "sim-1\x85",
+    "sim-1\u2028",
+    "sim\u200b-1",
+    "sim-1\u202e",
+    "m" * 301,
+)
+
+
+# Issue 19, finding 8d: the model name was reflected into `X-Bullpen-Model`; outside Latin-1
+# it was a 500, with CR/LF a dropped connection, each after the provider's answer was billed.
+async def test_model_names_are_checked_first_and_the_model_header_stays_safe(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    # A provider listing no models takes any name the caller gives, and its simulator
+    # answers to every name below, so nothing but the relay's own check stands in between.
+    config = SimConfig(
+        ttft_ms=5, tokens_per_second=2000, response_tokens=4, models=(WIDE, *UNPRINTABLE)
+    )
+    async with SimulatedProvider(config) as sim:
+        body = {"name": "open", "base_url": sim.base_url, "models": []}
+        assert (await call(http, server, "POST", "/api/v1/providers", body=body)).status == 201
+        # Refused before any provider call, streamed or not: nothing to bill.
+        for name in UNPRINTABLE:
+            for stream in (False, True):
+                request = {"model": f"open/{name}", "messages": MESSAGES, "stream": stream}
+                reply = await call(http, server, "POST", "/v1/chat/completions", body=request)
+                details = problem(reply, 422)
+                assert details["errors"][0]["field"] == "model", details
+                assert details["error"]["type"] == "validation"
+        assert sim.total_requests == 0
+
+        # A printable name outside Latin-1 is served; the header names the catalog's model,
+        # percent-encoded (UTF-8).
+        for stream in (False, True):
+            request = {"model": f"open/{WIDE}", "messages": MESSAGES, "stream": stream}
+            async with http.post(
+                server.base_url + "/v1/chat/completions", json=request, headers=server.auth
+            ) as resp:
+                text = await resp.text()
+                assert resp.status == 200, text
+                assert resp.headers["X-Bullpen-Model"] == quote(WIDE)
+                assert resp.headers["X-Bullpen-Provider"] == "open"
+        assert sim.total_requests == 2
+    # Only the two served calls are in the ledger.
+    for _ in range(200):
+        if await count(server, cost_events) == 2:
+            break
+        await asyncio.sleep(0.02)
+    ledger = await rows(server, sa.select(cost_events))
+    assert [(r.provider, r.model) for r in ledger] == [("open", WIDE)] * 2

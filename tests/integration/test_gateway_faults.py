@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -279,3 +280,29 @@ async def test_a_probe_whose_caller_goes_away_does_not_keep_the_breaker_shut(rig
     await probe.aclose()  # and its caller leaves (a relay client hanging up)
     call, _pieces, error = await run(rig, rig.chain())
     assert error is None and outcomes(call) == [("primary", "ok", None)]
+
+
+def scripted_call(arguments: dict[str, str]) -> list[dict[str, str]]:
+    """A conversation whose simulated model answers with one tool call of these arguments
+    (the simulator streams them in two pieces, split at the middle)."""
+    script = orjson.dumps([{"tool_calls": [{"name": "note", "arguments": arguments}]}]).decode()
+    return [{"role": "system", "content": f"<sim-script>{script}</sim-script>"}, *MESSAGES]
+
+
+# Issue 19, finding 11c: tool call arguments were masked chunk by chunk, so a key split
+# across two chunks passed whole.
+async def test_a_key_split_across_tool_call_chunks_is_masked(rig: Rig) -> None:
+    arguments = {"note": KEY}
+    whole = orjson.dumps(arguments).decode()
+    middle = len(whole) // 2
+    assert whole.index(KEY) < middle < whole.index(KEY) + len(KEY)  # the split is in the key
+    call, pieces = Call(), []
+    request = {"messages": scripted_call(arguments)}
+    async for batch in rig.router.stream(rig.chain(), request, call):
+        for chunk in batch:
+            for choice in chunk["choices"]:  # none in the usage chunk
+                for tool_call in choice["delta"].get("tool_calls") or ():
+                    pieces.append(tool_call["function"].get("arguments") or "")
+    assert KEY not in "".join(pieces) and KEY[:8] not in "".join(pieces)
+    assert orjson.loads("".join(pieces)) == {"note": "[redacted]"}
+    assert call.finish_reason == "tool_calls" and outcomes(call) == [("primary", "ok", None)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import secrets
 from collections.abc import AsyncIterator
@@ -294,3 +295,56 @@ async def test_the_provider_key_appears_nowhere(
     for where, text in haystacks.items():
         for form in encodings(CANARY):
             assert form not in text, f"the provider key leaked into {where} as {form!r}"
+
+
+def calls_tool(arguments: dict[str, str]) -> str:
+    """A system prompt whose simulated model calls `finish` with these arguments (streamed in
+    two pieces split at the middle, as the simulator does)."""
+    turn = {"tool_calls": [{"name": "finish", "arguments": arguments}]}
+    return f"Work.\n<sim-script>{json.dumps([turn])}</sim-script>"
+
+
+# Issue 19, finding 11c: tool call arguments were masked chunk by chunk, so a provider key
+# split across two chunks reached relay callers, run events and task results whole.
+async def test_a_key_split_across_tool_call_chunks_is_masked_for_relay_callers_and_runs(
+    server: RunningServer, http: aiohttp.ClientSession, sims: list[SimulatedProvider]
+) -> None:
+    await configure(server, http, sims)
+    arguments = {"result": CANARY}
+    whole = json.dumps(arguments, separators=(",", ":"))
+    assert whole.index(CANARY) < len(whole) // 2 < whole.index(CANARY) + len(CANARY)
+    system = calls_tool(arguments)
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": PROMPT}]
+    client = openai.AsyncOpenAI(
+        base_url=server.base_url + "/v1", api_key=server.boot.api_key, max_retries=0
+    )
+    async with client:
+        answer = await client.chat.completions.create(model="primary/m", messages=messages)  # type: ignore[arg-type]
+        [called] = answer.choices[0].message.tool_calls or []
+        assert json.loads(called.function.arguments) == {"result": "[redacted]"}
+        stream = await client.chat.completions.create(
+            model="primary/m",
+            messages=messages,  # type: ignore[arg-type]
+            stream=True,
+        )
+        pieces = [
+            piece.function.arguments or ""
+            async for chunk in stream
+            for choice in chunk.choices
+            for piece in choice.delta.tool_calls or ()
+            if piece.function is not None
+        ]
+        assert json.loads("".join(pieces)) == {"result": "[redacted]"}
+        assert len(pieces) >= 3  # the name's, and the arguments in pieces
+
+    # An agent's run: its tool call event and the task's result.
+    agent = f"/api/v1/agents/{server.boot.agent_id}"
+    config = {"model": "smart", "system_prompt": system}
+    assert (await call(http, server, "PATCH", agent, body={"config": config})).status == 200
+    task = await new_task(http, server)
+    done = await wait_status(http, server, task["id"], "done")
+    assert done["result"] == "[redacted]"
+    url = f"{server.base_url}/api/v1/tasks/{task['id']}/events"
+    events = await read_events(http, url, server.auth)
+    tool_events = [e.data for e in events if e.event == "tool_call"]
+    assert tool_events and CANARY not in json.dumps([e.data for e in events])

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import pytest
 
 from bullpen.errors import BullpenError, ModelNotFound
 from bullpen.gateway.breaker import Breaker, BreakerPolicy, Breakers, BreakerState
 from bullpen.gateway.catalog import Catalog, Price, Provider, Target, Timeouts
-from bullpen.gateway.redact import MASK, Redactor, scrub
+from bullpen.gateway.redact import MASK, ChunkRedactor, Redactor, scrub
 from bullpen.services.secrets import SecretBox, hint
 
 LIMITS = Timeouts(connect_s=1, ttft_s=1, idle_s=1, deadline_s=10)
@@ -101,6 +102,60 @@ def test_a_held_prefix_is_released_at_the_end() -> None:
 def test_scrub_masks_whole_occurrences() -> None:
     assert scrub(f"bad key {SECRET}.", [SECRET]) == f"bad key {MASK}."
     assert scrub("nothing here", [SECRET, ""]) == "nothing here"
+
+
+def _tool_chunk(index: int, arguments: str, finish: str | None = None) -> dict[str, Any]:
+    call = {"index": index, "function": {"arguments": arguments}}
+    return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": finish}]}
+
+
+def _arguments(chunks: list[dict[str, Any]]) -> dict[int, str]:
+    whole: dict[int, str] = {}
+    for chunk in chunks:
+        deltas = [choice.get("delta", {}) for choice in chunk["choices"]]
+        for call in (c for delta in deltas for c in delta.get("tool_calls") or ()):
+            index = call["index"]
+            whole[index] = whole.get(index, "") + call["function"].get("arguments", "")
+    return whole
+
+
+# Issue 19, finding 11c: each tool call's arguments are a text of their own, however their
+# pieces interleave across chunks.
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 11, 100])
+def test_a_key_split_across_tool_call_chunks_never_gets_through(size: int) -> None:
+    texts = {0: f'{{"note": "{SECRET}", "x": 1}}', 1: f'{{"key": "Bearer {SECRET}"}}'}
+    pieces = {i: [t[j : j + size] for j in range(0, len(t), size)] for i, t in texts.items()}
+    chunks = []
+    for k in range(max(len(p) for p in pieces.values())):  # the two calls interleaved
+        chunks.extend(_tool_chunk(i, p[k]) for i, p in pieces.items() if k < len(p))
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    chunks.append({"choices": [], "usage": {"prompt_tokens": 1}})
+    redactor = ChunkRedactor([SECRET])
+    for chunk in chunks:
+        redactor.chunk(chunk)
+    assert _arguments(chunks) == {i: t.replace(SECRET, MASK) for i, t in texts.items()}
+
+
+def test_what_tool_call_chunks_held_back_comes_out_with_the_finish() -> None:
+    redactor = ChunkRedactor([SECRET])
+    first = _tool_chunk(0, '{"a": "sk-li')
+    redactor.chunk(first)
+    assert first["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] == '{"a": "'
+    content = {"choices": [{"index": 0, "delta": {"content": "so sk-"}, "finish_reason": None}]}
+    redactor.chunk(content)
+    assert content["choices"][0]["delta"]["content"] == "so "
+    last = _tool_chunk(0, 'ke"}', finish="stop")
+    redactor.chunk(last)
+    delta = last["choices"][0]["delta"]
+    assert delta["tool_calls"][0]["function"]["arguments"] == 'sk-like"}'
+    assert delta["content"] == "sk-"
+    bare = ChunkRedactor([SECRET])
+    bare.chunk(_tool_chunk(2, "sk-live"))
+    ending: dict[str, Any] = {"choices": [{"index": 0, "finish_reason": "tool_calls"}]}
+    bare.chunk(ending)
+    assert ending["choices"][0]["delta"] == {
+        "tool_calls": [{"index": 2, "function": {"arguments": "sk-live"}}]
+    }
 
 
 def test_price_counts_cached_input_apart() -> None:

@@ -510,6 +510,7 @@ _lifecycle(
     "terminated",
     "terminate",
     "Terminate an agent",
-    "For good: its tasks that have not ended are cancelled (running runs are stopped) and new "
-    "tasks for it are refused with 409 `agent-terminated`. It cannot be resumed.",
+    "For good: its tasks that have not ended are cancelled (running runs are stopped), its API "
+    "keys are revoked, and new tasks for it are refused with 409 `agent-terminated`. It cannot "
+    "be resumed.",
 )

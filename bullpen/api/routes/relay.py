@@ -18,12 +18,21 @@ import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+)
 from starlette.types import Message, Receive, Scope, Send
 
 from bullpen.api import docs
@@ -49,6 +58,20 @@ OutputTokens = Annotated[
     int, Field(ge=1, le=MAX_OUTPUT_TOKENS, strict=True), BeforeValidator(integral)
 ]
 _DONE = b"data: [DONE]\n\n"
+# What a header value may carry as is: visible ASCII, except `%` (the escape itself).
+_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
+
+
+def _printable(model: str) -> str:
+    """Refuse names no model has (issue 19, finding 8d): control characters (CR/LF among
+    them), line and paragraph separators, format characters; checked before any provider
+    call, so a caller's name can smuggle nothing into a header, a log line or a bill."""
+    if not model.isprintable():
+        raise ValueError("must be printable: no control, separator or format characters")
+    return model
+
+
+ModelName = Annotated[str, AfterValidator(_printable)]
 
 
 class _Message(BaseModel):
@@ -119,7 +142,11 @@ class ChatRequest(BaseModel):
         },
     )
 
-    model: str = Field(min_length=1, max_length=300, description="Route, provider/model or model")
+    model: ModelName = Field(
+        min_length=1,
+        max_length=300,
+        description="Route, provider/model or model; printable characters only",
+    )
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -174,7 +201,7 @@ async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDe
     """Call a model through the gateway, streamed or not."""
     catalog = await svc.directory.catalog(principal.workspace_id)
     chain = catalog.resolve(body.model)
-    svc.relay_slots.take()
+    svc.relay_slots.take(str(principal.workspace_id), principal.scope_id)
     call = Call()
     chunks = svc.gateway.router.stream(chain, body.upstream(), call)
     settle = _Settle(svc, principal, call, chunks)
@@ -337,7 +364,7 @@ class _Settle:
             # Unfinished (a client gone mid-stream): closing it closes the upstream request.
             _background(self._chunks.aclose())
         _record(self._svc, self._principal, self._call)
-        self._svc.relay_slots.give_back()
+        self._svc.relay_slots.give_back(str(self._principal.workspace_id), self._principal.scope_id)
 
 
 _closing: set[asyncio.Task[None]] = set()
@@ -489,7 +516,12 @@ def _served_headers(call: Call) -> dict[str, str]:
     served = call.served_by
     if served is None:
         return {}
-    return {"X-Bullpen-Provider": served.provider.name, "X-Bullpen-Model": served.model}
+    # The catalog's model, not the caller's words; percent-encoded (UTF-8) beyond visible
+    # ASCII, so any name a provider lists makes a valid header.
+    return {
+        "X-Bullpen-Provider": served.provider.name,
+        "X-Bullpen-Model": quote(served.model, safe=_HEADER_SAFE),
+    }
 
 
 def _record(svc: Services, principal: Principal, call: Call) -> asyncio.Future[None] | None:
