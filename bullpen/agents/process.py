@@ -220,7 +220,11 @@ class ProcessAgentConfig(ProcessFields):
     )
 
     secret_env: (
-        Annotated[dict[EnvName, SecretEnvValue], Field(max_length=ENV_MAX_ENTRIES)] | None
+        Annotated[
+            dict[EnvName, SecretEnvValue],
+            Field(max_length=ENV_MAX_ENTRIES, json_schema_extra=_ENV_NAMES_SCHEMA),
+        ]
+        | None
     ) = Field(
         default=None,
         description="Secret environment variables (names as for `env`): sealed when saved, "
@@ -228,7 +232,6 @@ class ProcessAgentConfig(ProcessFields):
         "Leave it out of a config change to keep the stored values: allowed only while "
         "`command`, `cwd` and `env` stay as they are (else 422 `process-secret-env-required`); "
         "`{}` removes them.",
-        json_schema_extra=_ENV_NAMES_SCHEMA,
     )
 
     def stored(self) -> dict[str, Any]:
