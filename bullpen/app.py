@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from prometheus_client import CollectorRegistry
 
-from bullpen.agents import process
+from bullpen.agents import process, process_env
 from bullpen.agents.base import Adapter
 from bullpen.agents.configs import ConfigPolicy
 from bullpen.agents.http import HttpAdapter
@@ -173,6 +173,7 @@ async def build(
         team = Team(store, clock, _all(wakeups))
         outbound = OutboundAllow.parse(settings.outbound_allow)
         process_allow = process.parse_allow(settings.process_allow)
+        process_env_allow = process_env.EnvAllow.parse(settings.process_env_allow)
         if settings.worker_enabled:
             adapters: dict[str, Adapter] = {
                 "llm": LlmAdapter(gateway, team),
@@ -182,7 +183,9 @@ async def build(
                 if not process.protect_worker():
                     log.warning("could not make the worker non-dumpable for process agents")
                 # A cancel waits up to 5 s for the run to stop: the command gets 2 s of it.
-                adapters["process"] = process.ProcessAdapter(process_allow, kill_grace_s=2.0)
+                adapters["process"] = process.ProcessAdapter(
+                    process_allow, env_allow=process_env_allow, box=box, kill_grace_s=2.0
+                )
             worker = await stack.enter_async_context(
                 Worker(
                     store,
@@ -285,7 +288,7 @@ async def build(
                 max_backlog=settings.queue_max_backlog,
                 backlog_retry_after_s=settings.queue_backlog_retry_after_s,
             ),
-            agent_configs=ConfigPolicy(box, outbound, process_allow),
+            agent_configs=ConfigPolicy(box, outbound, process_allow, process_env_allow),
             routines=RoutineService(
                 store,
                 clock,

@@ -204,6 +204,20 @@ def _secret(env_var: str | None, from_stdin: bool) -> str | None:
     )
 
 
+def _secret_env(specs: list[str]) -> dict[str, str]:
+    """A process agent's `secret_env` from the caller's environment: each `NAME` or `NAME=VAR`
+    takes $VAR (default $NAME) as NAME's value (never argv, which `ps` shows)."""
+    values: dict[str, str] = {}
+    for spec in specs:
+        name, _, var = spec.partition("=")
+        if not name or name in values:
+            raise typer.BadParameter(f"{spec!r}: give NAME or NAME=VAR, each NAME once")
+        value = read_secret(var or name, False, what=name, flags=("--secret-env", ""))
+        assert value is not None  # read_secret fails on an unset or empty variable
+        values[name] = value
+    return values
+
+
 def _config_object(text: str) -> dict[str, Any]:
     """--config-json as a JSON object."""
     try:
@@ -260,8 +274,13 @@ def agents_create(
         ),
     ] = None,
     secret_env: Annotated[
-        str | None,
-        typer.Option("--secret-env", metavar="VAR", help="http: the signing secret from $VAR."),
+        list[str] | None,
+        typer.Option(
+            "--secret-env",
+            metavar="VAR",
+            help="http: the signing secret from $VAR. process: NAME or NAME=VAR, repeatable: "
+            "the secret env variable NAME, from $VAR (default $NAME).",
+        ),
     ] = None,
     secret_stdin: Annotated[
         bool, typer.Option("--secret-stdin", help="http: read the signing secret from stdin.")
@@ -282,6 +301,11 @@ def agents_create(
             "give the secret with --secret-env or --secret-stdin, where `ps` cannot see it",
             param_hint="--config-json",
         )
+    if "secret_env" in config:
+        raise typer.BadParameter(
+            "give secret env values with --secret-env NAME[=VAR], where `ps` cannot see them",
+            param_hint="--config-json",
+        )
     if adapter is Adapter.LLM:
         if model is None and "model" not in config:
             raise typer.BadParameter("needed for llm agents", param_hint="--model")
@@ -295,11 +319,19 @@ def agents_create(
         raise typer.BadParameter("--model, --provider and --system-prompt-file are for llm agents")
     elif config_json is None:
         raise typer.BadParameter(f"needed for {adapter.value} agents", param_hint="--config-json")
-    if adapter is not Adapter.HTTP and (secret_env is not None or secret_stdin):
-        raise typer.BadParameter("--secret-env and --secret-stdin are for http agents")
-    secret = _secret(secret_env, secret_stdin)
-    if secret is not None:
-        config["secret"] = secret
+    if adapter is Adapter.PROCESS:
+        if secret_stdin:
+            raise typer.BadParameter("--secret-stdin is for http agents")
+        if secret_env:
+            config["secret_env"] = _secret_env(secret_env)
+    elif adapter is Adapter.HTTP:
+        if secret_env is not None and len(secret_env) > 1:
+            raise typer.BadParameter("an http agent has one secret: give --secret-env once")
+        secret = _secret(secret_env[0] if secret_env else None, secret_stdin)
+        if secret is not None:
+            config["secret"] = secret
+    elif secret_env or secret_stdin:
+        raise typer.BadParameter("--secret-env and --secret-stdin are for http and process agents")
     body: dict[str, Any] = {"name": name, "adapter": adapter.value, "config": config}
     if title is not None:
         body["title"] = title

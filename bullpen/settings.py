@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     # The executables `process` agents may run: comma-separated absolute paths. Empty: the
     # `process` adapter is off (it runs commands on the worker's machine).
     process_allow: str = ""
+    # Issue 19, finding 7: the environment variable names `process` agents may set (`env` and
+    # `secret_env`): comma-separated names, or prefixes ending in `*` (`LC_*`); case-sensitive.
+    process_env_allow: str = "LANG,LANGUAGE,LC_*,TZ,NO_COLOR"
     # Routines: how often a scheduler looks for due routines.
     scheduler_interval_s: float = Field(default=1.0, gt=0)
 

@@ -8,8 +8,8 @@ saved and again at every run, since the list can change in between. Each deliver
   a fresh temporary directory that is removed afterwards;
 - builds its environment from scratch: `PATH=/usr/local/bin:/usr/bin:/bin`, `LANG=C.UTF-8`,
   `HOME` (the working directory), `BULLPEN_RUN_ID` and `BULLPEN_TASK_ID` (not secrets), then the
-  config's `env`; nothing of the worker's own environment (provider keys, `BULLPEN_SECRET_KEY`,
-  the database URL) is passed on;
+  config's `env` and its `secret_env` (opened only here); nothing of the worker's own environment
+  (provider keys, `BULLPEN_SECRET_KEY`, the database URL) is passed on;
 - writes the run context (`RunContext.as_dict()`, one JSON line) to stdin and closes it, or
   gives it /dev/null (`stdin: "none"`);
 - streams stdout as `text` as it arrives (UTF-8, invalid bytes replaced) and each stderr line
@@ -37,6 +37,10 @@ agents makes itself non-dumpable (`protect_worker`), so a command running as the
 (non-root) user cannot read the worker's environment through /proc/<pid>/environ. The
 allow-list is the trust boundary; allow wrappers that drop privileges or sandbox when agents are
 not fully trusted.
+
+The environment names a config may set are the operator's too (`BULLPEN_PROCESS_ENV_ALLOW`,
+checked when a config is saved and again at every run), and its `secret_env` is sealed and never
+shown: see `process_env`.
 """
 
 from __future__ import annotations
@@ -55,19 +59,33 @@ import signal
 import tempfile
 from collections.abc import Callable, Collection, Mapping
 from typing import Annotated, Any, Literal, Protocol
+from uuid import UUID
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     StringConstraints,
     ValidationError,
     field_validator,
 )
 
 from bullpen.agents.base import Events, RunContext, done
+from bullpen.agents.process_env import (
+    ENV_ALLOW_DEFAULT,
+    ENV_ALLOW_SETTING,
+    ENV_MAX_ENTRIES,
+    EnvAllow,
+    check_env,
+    kept_secrets,
+    open_secrets,
+    sealed_secrets,
+)
 from bullpen.domain.events import EventKind
 from bullpen.errors import BullpenError, InvalidInput
+from bullpen.services.secrets import SecretBox
 from bullpen.store.runs import RunOutcome
 
 log = logging.getLogger(__name__)
@@ -77,7 +95,6 @@ ALLOW_SETTING = "BULLPEN_PROCESS_ALLOW"
 # Small enough that the largest config fits the API's 64 KiB request body with room to spare.
 COMMAND_MAX_ITEMS = 32
 ARG_MAX_CHARS = 512
-ENV_MAX_ENTRIES = 32
 ENV_NAME_MAX_CHARS = 128
 ENV_VALUE_MAX_CHARS = 1024
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -92,27 +109,6 @@ KILL_GRACE_S = 5.0
 RESULT_CUT_MARK = "[… earlier output cut …]\n"
 _ERROR_LINE_MAX_CHARS = 500
 
-# Environment names a config may not set, compared case-insensitively (Bullpen's own settings
-# are read case-insensitively). Bullpen's own (`BULLPEN_…`) and the base the adapter sets
-# (`PATH`, `HOME`), then names through which a value alone makes a program load or run other
-# code: the dynamic loader's (`LD_…`, `DYLD_…`, glibc's), shells' startup files and hooks, and
-# interpreters' module paths and startup options. Other names are passed as given.
-ENV_DENY_PREFIXES = ("BULLPEN_", "LD_", "DYLD_", "BASH_FUNC_")
-ENV_DENY_NAMES = frozenset(
-    (
-        "PATH HOME"
-        # glibc: character-set modules, locale files, tunables
-        " GCONV_PATH GLIBC_TUNABLES LOCPATH NLSPATH"
-        # shells: startup files, options, trace and prompt hooks, the `cd` search path
-        " BASH_ENV ENV SHELLOPTS BASHOPTS PS4 PROMPT_COMMAND CDPATH"
-        # interpreters: module search paths and code run at startup
-        " PYTHONPATH PYTHONHOME PYTHONSTARTUP PYTHONUSERBASE PYTHONBREAKPOINT PYTHONWARNINGS"
-        " PYTHONINSPECT PYTHONEXECUTABLE PYTHONPLATLIBDIR PERL5LIB PERLLIB PERL5OPT PERL5DB"
-        " RUBYOPT RUBYLIB NODE_OPTIONS NODE_PATH JAVA_TOOL_OPTIONS _JAVA_OPTIONS JDK_JAVA_OPTIONS"
-        " CLASSPATH"
-    ).split()
-)
-
 _NO_NUL = r"^[^\x00]*$"
 Argument = Annotated[str, StringConstraints(max_length=ARG_MAX_CHARS, pattern=_NO_NUL)]
 AbsolutePath = Annotated[str, StringConstraints(max_length=ARG_MAX_CHARS, pattern=r"^/[^\x00]*$")]
@@ -121,6 +117,24 @@ EnvName = Annotated[
     StringConstraints(min_length=1, max_length=ENV_NAME_MAX_CHARS, pattern=ENV_NAME_PATTERN),
 ]
 EnvValue = Annotated[str, StringConstraints(max_length=ENV_VALUE_MAX_CHARS, pattern=_NO_NUL)]
+
+
+def _no_nul(value: SecretStr) -> SecretStr:
+    if "\x00" in value.get_secret_value():
+        raise ValueError("must not contain NUL")  # the value itself is never quoted
+    return value
+
+
+SecretEnvValue = Annotated[
+    SecretStr,
+    Field(max_length=ENV_VALUE_MAX_CHARS, json_schema_extra={"pattern": _NO_NUL}),
+    AfterValidator(_no_nul),
+]
+# Names outside the pattern are refused too (pydantic documents the pattern alone).
+_ENV_NAMES_SCHEMA: dict[str, Any] = {
+    "additionalProperties": False,
+    "propertyNames": {"minLength": 1, "maxLength": ENV_NAME_MAX_CHARS, "pattern": ENV_NAME_PATTERN},
+}
 
 
 class ProcessFailed(BullpenError):
@@ -139,24 +153,10 @@ class ProcessTimeout(ProcessFailed):
     title = "Process timed out"
 
 
-def env_name_denied(name: str) -> bool:
-    """True when a config may not set this environment variable."""
-    upper = name.upper()
-    return upper in ENV_DENY_NAMES or upper.startswith(ENV_DENY_PREFIXES)
+class ProcessFields(BaseModel):
+    """What a `process` agent's config holds both as given and as stored."""
 
-
-class ProcessAgentConfig(BaseModel):
-    """A `process` agent's configuration: the command it runs and how."""
-
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        json_schema_extra={
-            "examples": [
-                {"command": ["/usr/local/bin/triage", "--json"], "env": {"TEAM": "blue"}},
-            ]
-        },
-    )
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     command: Annotated[list[Argument], Field(min_length=1, max_length=COMMAND_MAX_ITEMS)] = Field(
         description="The executable (an absolute path the operator allows in "
@@ -175,18 +175,12 @@ class ProcessAgentConfig(BaseModel):
     )
     env: Annotated[dict[EnvName, EnvValue], Field(max_length=ENV_MAX_ENTRIES)] = Field(
         default_factory=dict,
-        description="Extra environment variables; the worker's own environment is never "
-        "passed on. `BULLPEN_…`, `PATH`, `HOME`, `LD_…` and other names that make programs "
-        "load code are refused.",
-        # Names outside the pattern are refused too (pydantic documents the pattern alone).
-        json_schema_extra={
-            "additionalProperties": False,
-            "propertyNames": {
-                "minLength": 1,
-                "maxLength": ENV_NAME_MAX_CHARS,
-                "pattern": ENV_NAME_PATTERN,
-            },
-        },
+        description="Extra environment variables, not secret: their values are shown to "
+        "callers with `agents:write` and in the audit log (other readers see the names only). "
+        f"Only names the operator allows in `{ENV_ALLOW_SETTING}` (else 422 "
+        "`process-env-not-allowed`), never `PATH`, `HOME` or `BULLPEN_…`; at most "
+        f"{ENV_MAX_ENTRIES} with `secret_env`. The worker's own environment is never passed on.",
+        json_schema_extra=_ENV_NAMES_SCHEMA,
     )
     timeout_s: float = Field(
         default=TIMEOUT_DEFAULT_S,
@@ -207,26 +201,75 @@ class ProcessAgentConfig(BaseModel):
             raise ValueError("command[0] must be the executable's absolute path")
         return value
 
-    @field_validator("env")
-    @classmethod
-    def _allowed_names(cls, value: dict[str, str]) -> dict[str, str]:
-        refused = sorted(name for name in value if env_name_denied(name))
-        if refused:
-            raise ValueError(
-                f"may not set {', '.join(refused)}: Bullpen's own names, PATH, HOME and names "
-                "that make programs load code (LD_…, PYTHONPATH, BASH_ENV, …) are refused"
-            )
-        return value
+
+class ProcessAgentConfig(ProcessFields):
+    """A `process` agent's configuration: the command it runs and how."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "command": ["/usr/local/bin/triage", "--json"],
+                    "env": {"TEAM": "blue"},
+                    "secret_env": {"TRIAGE_TOKEN": "tok-…"},
+                },
+            ]
+        },
+    )
+
+    secret_env: (
+        Annotated[
+            dict[EnvName, SecretEnvValue],
+            Field(max_length=ENV_MAX_ENTRIES, json_schema_extra=_ENV_NAMES_SCHEMA),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="Secret environment variables (names as for `env`): sealed when saved, "
+        "given to the command only, never shown again (the config shows `secret_env_hints`). "
+        "Leave it out of a config change to keep the stored values: allowed only while "
+        "`command`, `cwd` and `env` stay as they are (else 422 `process-secret-env-required`); "
+        "`{}` removes them.",
+    )
 
     def stored(self) -> dict[str, Any]:
-        """The config as the worker reads it (an unset `cwd` is left out, not null)."""
-        return self.model_dump(exclude_none=True)
+        """The config as the worker reads it, without `secret_env` (`stored_config` adds it
+        sealed); an unset `cwd` is left out, not null."""
+        return self.model_dump(exclude_none=True, exclude={"secret_env"})
 
 
-def load_config(raw: Mapping[str, Any]) -> ProcessAgentConfig:
+class StoredProcessConfig(ProcessFields):
+    """A `process` agent's config as stored: its secrets sealed, with their hints."""
+
+    secret_env_sealed: dict[EnvName, str] = Field(default_factory=dict)
+    secret_env_hints: dict[EnvName, str] = Field(default_factory=dict)
+
+
+def stored_config(
+    config: ProcessAgentConfig,
+    *,
+    box: SecretBox,
+    agent_id: UUID,
+    previous: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The config to store: `secret_env` sealed, or `previous`'s sealed values kept.
+
+    Raises ProcessSecretEnvRequired when `secret_env` is left out, `previous` has secrets, and
+    `command`, `cwd` or `env` changed.
+    """
+    stored = config.stored()
+    if config.secret_env is None:
+        return stored | kept_secrets(stored, previous)
+    plain = {name: value.get_secret_value() for name, value in config.secret_env.items()}
+    return stored | sealed_secrets(plain, box, agent_id)
+
+
+def load_config(raw: Mapping[str, Any]) -> StoredProcessConfig:
     """Read and check an agent's stored config at run time."""
     try:
-        return ProcessAgentConfig.model_validate(dict(raw))
+        return StoredProcessConfig.model_validate(dict(raw))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "config"
@@ -244,7 +287,7 @@ def parse_allow(raw: str) -> frozenset[str]:
     return paths
 
 
-def check_allowed(config: ProcessAgentConfig, allow: Collection[str]) -> None:
+def check_allowed(config: ProcessFields, allow: Collection[str]) -> None:
     """Refuse the config unless the operator allows its executable (exact path match)."""
     if not allow:
         message = f"process agents are off on this server: {ALLOW_SETTING} allows no executable"
@@ -265,12 +308,16 @@ def check_allowed(config: ProcessAgentConfig, allow: Collection[str]) -> None:
     )
 
 
-def environment(config: ProcessAgentConfig, ctx: RunContext, home: str) -> dict[str, str]:
-    """The command's whole environment: the fixed base, the run's ids and the config's `env`."""
+def environment(
+    config: ProcessFields, ctx: RunContext, home: str, secrets: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The command's whole environment: the fixed base, the run's ids, the config's `env` and
+    its opened `secret_env`."""
     return {
         "PATH": BASE_PATH,
         "LANG": "C.UTF-8",
         **config.env,
+        **(secrets or {}),
         # After the config's entries, so nothing can replace them (the config refuses them too).
         "HOME": home,
         "BULLPEN_RUN_ID": str(ctx.run.id),
@@ -298,11 +345,15 @@ class ProcessAdapter:
         self,
         allow: Collection[str],
         *,
+        env_allow: EnvAllow | None = None,
+        box: SecretBox | None = None,
         kill_grace_s: float = KILL_GRACE_S,
         output_max_bytes: int = OUTPUT_MAX_BYTES,
         result_max_chars: int = RESULT_MAX_CHARS,
     ) -> None:
         self._allow = frozenset(allow)
+        self._env_allow = EnvAllow.parse(ENV_ALLOW_DEFAULT) if env_allow is None else env_allow
+        self._box = box
         self._grace = kill_grace_s
         self._output_max = output_max_bytes
         self._result_max = result_max_chars
@@ -311,22 +362,26 @@ class ProcessAdapter:
         """Run the agent's command once; `done` with its stdout, or a `BullpenError`."""
         config = load_config(ctx.run.agent_config)
         check_allowed(config, self._allow)
+        check_env(config.env, config.secret_env_sealed, self._env_allow)
+        secrets = open_secrets(config.secret_env_sealed, self._box, ctx.run.agent_id)
         if config.cwd is not None:
             if not await asyncio.to_thread(os.path.isdir, config.cwd):
                 raise InvalidInput(f"cwd {config.cwd!r} is not a directory on this worker")
-            return await self._run_in(ctx, config, config.cwd)
+            return await self._run_in(ctx, config, config.cwd, secrets)
         workdir = tempfile.mkdtemp(prefix="bullpen-run-")
         try:
-            return await self._run_in(ctx, config, workdir)
+            return await self._run_in(ctx, config, workdir, secrets)
         finally:
             await asyncio.to_thread(_remove_tree, workdir)
 
-    async def _run_in(self, ctx: RunContext, config: ProcessAgentConfig, cwd: str) -> RunOutcome:
+    async def _run_in(
+        self, ctx: RunContext, config: StoredProcessConfig, cwd: str, secrets: Mapping[str, str]
+    ) -> RunOutcome:
         loop = asyncio.get_running_loop()
         # Each pipe end is a file object: closing one twice (its transport, then this stack) is
         # harmless, and the stack closes whatever no transport took.
         with contextlib.ExitStack() as files:
-            proc, out_r, err_r, in_w = await _spawn(ctx, config, cwd, files)
+            proc, out_r, err_r, in_w = await _spawn(ctx, config, cwd, secrets, files)
             group = _Group(proc, self._grace)
             budget = _Budget(self._output_max, group.kill)
             stdout, stderr = _Stdout(ctx.events, self._result_max), _Stderr(ctx.events)
@@ -376,7 +431,11 @@ class ProcessAdapter:
 
 
 async def _spawn(
-    ctx: RunContext, config: ProcessAgentConfig, cwd: str, files: contextlib.ExitStack
+    ctx: RunContext,
+    config: StoredProcessConfig,
+    cwd: str,
+    secrets: Mapping[str, str],
+    files: contextlib.ExitStack,
 ) -> tuple[asyncio.subprocess.Process, io.FileIO, io.FileIO, io.FileIO | None]:
     """Start the command as a new session's leader; its stdout, stderr and stdin pipes."""
     out_r, out_w = _pipe(files)
@@ -389,7 +448,7 @@ async def _spawn(
             stdout=out_w,
             stderr=err_w,
             cwd=cwd,
-            env=environment(config, ctx, cwd),
+            env=environment(config, ctx, cwd, secrets),
             start_new_session=True,
         )
     except OSError as exc:

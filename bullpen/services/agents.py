@@ -105,7 +105,7 @@ class AgentService:
                     "name": name,
                     "title": title,
                     "adapter": adapter,
-                    "config": public_config(adapter, stored),
+                    "config": public_config(adapter, stored, values=True),
                     "status": status,
                     "max_concurrent_runs": max_concurrent_runs,
                     "description": description,
@@ -270,5 +270,5 @@ class AgentService:
 def _shown(adapter: str, key: str, value: Any) -> Any:
     """A changed value as the audit log holds it: UUIDs as strings, configs without secrets."""
     if key == "config":
-        return public_config(adapter, value)
+        return public_config(adapter, value, values=True)
     return str(value) if isinstance(value, UUID) else value

@@ -27,6 +27,7 @@ from tests.acceptance.processes import (
 )
 
 WEBHOOK_SECRET = f"whsec-clitest-{uuid.uuid4().hex}"
+PROCESS_SECRET = f"procenv-clitest-{uuid.uuid4().hex}"
 
 
 @dataclass
@@ -49,7 +50,12 @@ class Cli(BullpenCli):
 def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
     """One `bullpen up` for the module, and its bootstrap API key in BULLPEN_API_KEY."""
     settings = Settings(data_dir=tmp_path_factory.mktemp("data"), secret_key="t" * 40)
-    env = process_env(settings, outbound_allow="127.0.0.1/32")
+    env = process_env(
+        settings,
+        outbound_allow="127.0.0.1/32",
+        process_allow="/bin/sh",
+        process_env_allow="TEAM,API_TOKEN",
+    )
     api_key = asyncio.run(bootstrap_key(settings))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -60,6 +66,7 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
                 "BULLPEN_URL": url,
                 "BULLPEN_API_KEY": api_key,
                 "HOOK_SECRET": WEBHOOK_SECRET,
+                "MY_TOKEN": PROCESS_SECRET,
                 "COLUMNS": "200",  # usage errors come in a box that wraps at the width
             },
             api_key,
@@ -196,6 +203,44 @@ def test_an_http_agent_takes_its_secret_from_the_environment_only(cli: Cli) -> N
     printed = "".join(cli.outputs)
     assert WEBHOOK_SECRET not in printed and WEBHOOK_SECRET[:20] not in printed
     assert cli.api_key not in printed
+
+
+def test_a_process_agent_takes_its_secret_env_from_the_environment_only(cli: Cli) -> None:
+    config = {"command": ["/bin/sh", "-c", "true"], "env": {"TEAM": "blue"}}
+    in_argv = cli(
+        "create",
+        "runner",
+        "--adapter",
+        "process",
+        "--config-json",
+        json.dumps({**config, "secret_env": {"API_TOKEN": PROCESS_SECRET}}),
+    )
+    assert in_argv.returncode == 2 and "--secret-env NAME[=VAR]" in in_argv.stderr
+    unset = cli(
+        "create",
+        "runner",
+        "--adapter",
+        "process",
+        "--config-json",
+        json.dumps(config),
+        "--secret-env",
+        "API_TOKEN=NOT_SET_ANYWHERE",
+    )
+    assert unset.returncode == 1 and "NOT_SET_ANYWHERE is not set" in unset.stderr
+    made = cli.json(
+        "create",
+        "runner",
+        "--adapter",
+        "process",
+        "--config-json",
+        json.dumps(config),
+        "--secret-env",
+        "API_TOKEN=MY_TOKEN",
+    )
+    assert made["config"]["env"] == {"TEAM": "blue"}
+    assert made["config"]["secret_env_hints"] == {"API_TOKEN": "…" + PROCESS_SECRET[-4:]}
+    cli.ok("delete", "runner")
+    assert PROCESS_SECRET not in "".join(cli.outputs)
 
 
 def test_an_unknown_agent_is_a_clear_error_and_no_question(cli: Cli) -> None:

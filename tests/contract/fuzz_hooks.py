@@ -20,7 +20,6 @@ from typing import Any
 import schemathesis
 
 from bullpen.agents.outbound import OutboundAllow, check_url
-from bullpen.agents.process import env_name_denied
 from bullpen.errors import InvalidInput
 from bullpen.services.routines import first_slot
 
@@ -94,8 +93,8 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
       items).
     - an agent's `config.command.0` not on the operator's `BULLPEN_PROCESS_ALLOW`, a
       `config.url` the API's own outbound check refuses (non-public addresses, hosts that do
-      not parse), or a `config.env` with a name the API refuses (a case-insensitive deny-list):
-      server settings and address facts a schema cannot carry.
+      not parse): server settings and address facts a schema cannot carry. (Environment names
+      off `BULLPEN_PROCESS_ENV_ALLOW` are checked after the command, so never reached here.)
     - `config` (body) of an agent change, refused as another adapter's config: the valid
       config depends on the stored agent's adapter, which a schema of the request cannot know.
     - `cron` or `timezone` (body) of a routine, when the API's own check really refuses it: which
@@ -138,9 +137,6 @@ def _excused(error: Any, case: Any) -> bool:
         return True  # the operator's BULLPEN_PROCESS_ALLOW (empty on the fuzz server)
     if where == ("body", "config.url") and isinstance(config, dict):
         return _refused_url(config.get("url"))
-    if where == ("body", "config.env") and isinstance(config, dict):
-        env = config.get("env")
-        return isinstance(env, dict) and any(env_name_denied(str(name)) for name in env)
     if where == ("body", "config") and error.get("code") == "adapter_mismatch":
         # PATCH /agents/{id}: a config is valid only for the adapter the stored agent has.
         return case.method.upper() == "PATCH"

@@ -125,7 +125,7 @@ async def test_process_agents_are_off_unless_the_operator_allows_a_command(
     assert "BULLPEN_PROCESS_ALLOW" in problem["detail"]
 
 
-@pytest.mark.with_settings(process_allow="/usr/bin/env,/bin/echo")
+@pytest.mark.with_settings(process_allow="/usr/bin/env,/bin/echo", process_env_allow="GREETING")
 async def test_a_process_agent_runs_with_no_secret_in_its_environment(
     server: RunningServer, http: aiohttp.ClientSession
 ) -> None:

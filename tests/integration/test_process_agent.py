@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -26,14 +27,28 @@ from bullpen.agents.process import (
     ProcessTimeout,
     check_allowed,
     parse_allow,
+    stored_config,
+)
+from bullpen.agents.process_env import (
+    ENV_ALLOW_DEFAULT,
+    EnvAllow,
+    ProcessEnvRefused,
+    ProcessSecretEnvRequired,
+    check_env,
+    public_config,
+    secret_hint,
 )
 from bullpen.domain.events import EventKind
 from bullpen.domain.status import RunStatus
 from bullpen.errors import BullpenError, InvalidInput
+from bullpen.services.secrets import SecretBox
+from bullpen.settings import Settings
 from bullpen.store.runs import ClaimedRun, RunOutcome
 
 SH, CAT, ENV = "/bin/sh", "/bin/cat", "/usr/bin/env"
 ALLOW = frozenset({SH, CAT, ENV})
+ENV_ALLOW = EnvAllow.parse("TEAM,GREETING,API_*,LANG,LC_*")
+BOX = SecretBox(b"k" * 40)
 GRACE_S = 0.5
 
 
@@ -58,13 +73,18 @@ class Recorder:
         return [data for kind, data in self.items if kind == "log"]
 
 
-def context(config: dict[str, Any], events: Recorder, prompt: str = "Say hi") -> RunContext:
+def context(
+    config: dict[str, Any],
+    events: Recorder,
+    prompt: str = "Say hi",
+    agent_id: uuid.UUID | None = None,
+) -> RunContext:
     task_id = uuid.uuid4()
     run = ClaimedRun(
         id=uuid.uuid4(),
         task_id=task_id,
         workspace_id=uuid.uuid4(),
-        agent_id=uuid.uuid4(),
+        agent_id=agent_id or uuid.uuid4(),
         attempt=1,
         failures=0,
         prompt=prompt,
@@ -83,6 +103,8 @@ def shell(script: str, **config: Any) -> dict[str, Any]:
 
 async def run(config: dict[str, Any], events: Recorder | None = None, **adapter: Any) -> RunOutcome:
     adapter.setdefault("kill_grace_s", GRACE_S)
+    adapter.setdefault("env_allow", ENV_ALLOW)
+    adapter.setdefault("box", BOX)
     return await ProcessAdapter(ALLOW, **adapter).run(context(config, events or Recorder()))
 
 
@@ -313,7 +335,7 @@ async def test_the_environment_carries_only_the_base_and_the_config(
         monkeypatch.setenv(name, value)
     events = Recorder()
     ctx = context({"command": [ENV], "env": {"GREETING": "hello"}}, events)
-    outcome = await ProcessAdapter(ALLOW).run(ctx)
+    outcome = await ProcessAdapter(ALLOW, env_allow=ENV_ALLOW).run(ctx)
     assert outcome.result is not None
     seen = dict(line.split("=", 1) for line in outcome.result.splitlines())
     assert seen.keys() == {"PATH", "HOME", "LANG", "BULLPEN_RUN_ID", "BULLPEN_TASK_ID", "GREETING"}
@@ -410,27 +432,69 @@ async def test_the_allow_list_is_checked_again_at_run_time(
     assert not (tmp_path / "ran").exists()
 
 
+# Names the old deny-list let through (issue 19, finding 7), and ones it refused.
+REFUSED_BY_DEFAULT = [
+    "OPENSSL_CONF",
+    "LUA_INIT",
+    "GIT_SSH_COMMAND",
+    "GIT_CONFIG_PARAMETERS",
+    "LESSOPEN",
+    "ZDOTDIR",
+    "http_proxy",
+    "LD_PRELOAD",
+    "PYTHONPATH",
+    "BASH_ENV",
+    "NODE_OPTIONS",
+    "TEAM",
+]
+RESERVED = ["PATH", "HOME", "path", "BULLPEN_SECRET_KEY", "bullpen_database_url"]
+
+
+@pytest.mark.parametrize("name", REFUSED_BY_DEFAULT + RESERVED)
+def test_the_default_env_allow_list_refuses_all_but_locale_and_time_zone(name: str) -> None:
+    assert Settings.model_fields["process_env_allow"].default == ENV_ALLOW_DEFAULT
+    default = EnvAllow.parse(ENV_ALLOW_DEFAULT)
+    for field in ("env", "secret_env"):
+        names = {"env": {}, "secret_env": {}} | {field: {name: "x"}}
+        with pytest.raises(ProcessEnvRefused, match=f"may not set {name}:") as caught:
+            check_env(names["env"], names["secret_env"], default)
+        assert caught.value.errors == [
+            {
+                "location": "body",
+                "field": f"config.{field}.{name}",
+                "message": f"BULLPEN_PROCESS_ENV_ALLOW does not allow {name}",
+                "code": "not_allowed",
+            }
+        ]
+    for allowed in ("LANG", "LANGUAGE", "LC_ALL", "LC_TIME", "TZ", "NO_COLOR"):
+        check_env({allowed: "x"}, {}, default)
+
+
+def test_the_env_allow_list_takes_names_and_prefixes_case_sensitively() -> None:
+    allow = EnvAllow.parse(" TEAM , API_*,, LC_* ")
+    assert [allow.allows(n) for n in ("TEAM", "API_TOKEN", "API_", "LC_ALL")] == [True] * 4
+    assert [allow.allows(n) for n in ("team", "TEAMS", "api_token", "APITOKEN")] == [False] * 4
+    # Bullpen's own names never, whatever the list says.
+    assert not any(EnvAllow.parse("B*,P*,H*,b*,p*").allows(name) for name in RESERVED)
+    assert EnvAllow.parse("") == EnvAllow()
+    for bad in ("*", "A-B", "A*B", "1A", "BULLPEN_*", "PATH", "home"):
+        with pytest.raises(BullpenError, match="BULLPEN_PROCESS_ENV_ALLOW"):
+            EnvAllow.parse(f"TEAM,{bad}")
+
+
 @pytest.mark.parametrize(
-    "name",
+    ("env", "secret_env", "code"),
     [
-        "BULLPEN_SECRET_KEY",
-        "bullpen_database_url",
-        "LD_PRELOAD",
-        "ld_library_path",
-        "LD_AUDIT",
-        "DYLD_INSERT_LIBRARIES",
-        "PYTHONPATH",
-        "PYTHONSTARTUP",
-        "BASH_ENV",
-        "NODE_OPTIONS",
-        "PERL5OPT",
-        "PATH",
-        "HOME",
+        ({"TEAM": "a"}, {"TEAM": "b"}, "duplicate"),
+        ({f"API_{i}": "a" for i in range(20)}, {f"API_S{i}": "b" for i in range(13)}, "too_many"),
     ],
 )
-def test_denied_environment_names_are_refused(name: str) -> None:
-    with pytest.raises(ValidationError, match=f"may not set {name}"):
-        ProcessAgentConfig(command=[SH], env={name: "x"})
+def test_a_name_in_both_or_too_many_in_all_is_refused(
+    env: dict[str, str], secret_env: dict[str, str], code: str
+) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        check_env(env, secret_env, ENV_ALLOW)
+    assert caught.value.errors is not None and caught.value.errors[0]["code"] == code
 
 
 @pytest.mark.parametrize(
@@ -444,6 +508,11 @@ def test_denied_environment_names_are_refused(name: str) -> None:
         {"command": [SH], "env": {"1ABC": "x"}},
         {"command": [SH], "env": {"A-B": "x"}},
         {"command": [SH], "env": {"A": "nul\x00"}},
+        {"command": [SH], "secret_env": {"A": "nul\x00"}},
+        {"command": [SH], "secret_env": {"A": "x" * 1025}},
+        {"command": [SH], "secret_env": {"A-B": "x"}},
+        {"command": [SH], "secret_env": {"A": 1}},
+        {"command": [SH], "secret_env_sealed": {"A": "x"}},
         {"command": [SH], "env": {f"V{i}": "x" for i in range(101)}},
         {"command": [SH], "cwd": "relative/dir"},
         {"command": [SH], "timeout_s": 0},
@@ -472,8 +541,126 @@ def test_a_good_config_is_stored_without_unset_options() -> None:
 
 
 async def test_a_bad_stored_config_fails_the_run_as_invalid() -> None:
-    with pytest.raises(InvalidInput, match=r"config is invalid: env: .*may not set LD_PRELOAD"):
-        await run({"command": [SH], "env": {"LD_PRELOAD": "/tmp/x.so"}})
+    with pytest.raises(InvalidInput, match=r"config is invalid: timeout_s"):
+        await run({"command": [SH], "timeout_s": -1})
+
+
+@pytest.mark.parametrize("field", ["env", "secret_env_sealed"])
+async def test_the_env_allow_list_is_checked_again_at_run_time(tmp_path: Path, field: str) -> None:
+    # Stored while the operator allowed it; the operator has since taken TEAM off the list.
+    config = shell("touch ran", cwd=str(tmp_path)) | {field: {"TEAM": "x"}}
+    with pytest.raises(ProcessEnvRefused, match="may not set TEAM"):
+        await run(config, env_allow=EnvAllow.parse("LANG"))
+    assert not (tmp_path / "ran").exists()
+
+
+# Secret env.
+
+CANARY = "canary-secret-env-3a9c01d2e4b5a6f7"
+
+
+def sealed(agent_id: uuid.UUID, secret_env: dict[str, str], **config: Any) -> dict[str, Any]:
+    given = ProcessAgentConfig.model_validate({**config, "secret_env": secret_env})
+    return stored_config(given, box=BOX, agent_id=agent_id)
+
+
+async def test_secret_env_is_sealed_at_rest_and_reaches_only_the_command() -> None:
+    agent_id = uuid.uuid4()
+    script = 'printf %s "$API_TOKEN" | sha256sum; printf %s "$TEAM"'
+    stored = sealed(agent_id, {"API_TOKEN": CANARY}, command=[SH, "-c", script], env={"TEAM": "b"})
+    assert CANARY not in json.dumps(stored)
+    assert stored["secret_env_hints"] == {"API_TOKEN": "…" + CANARY[-4:]}
+    assert set(stored["secret_env_sealed"]) == {"API_TOKEN"}
+    events = Recorder()
+    adapter = ProcessAdapter(ALLOW, env_allow=ENV_ALLOW, box=BOX, kill_grace_s=GRACE_S)
+    outcome = await adapter.run(context(stored, events, agent_id=agent_id))
+    assert outcome.result == hashlib.sha256(CANARY.encode()).hexdigest() + "  -\nb"
+    assert CANARY not in json.dumps(events.items)
+    # Bound to its agent: a sealed value copied to another agent's config does not open.
+    with pytest.raises(BullpenError, match="does not open"):
+        await adapter.run(context(stored, Recorder(), agent_id=uuid.uuid4()))
+    # Bound to its name: moved to another name, it does not open either.
+    moved = stored | {"secret_env_sealed": {"API_OTHER": stored["secret_env_sealed"]["API_TOKEN"]}}
+    with pytest.raises(BullpenError, match="does not open"):
+        await adapter.run(context(moved, Recorder(), agent_id=agent_id))
+
+
+async def test_damaged_or_unopenable_secret_env_fails_the_run_as_invalid() -> None:
+    agent_id = uuid.uuid4()
+    stored = sealed(agent_id, {"API_TOKEN": CANARY}, command=[SH, "-c", "true"])
+    damaged = stored | {"secret_env_sealed": {"API_TOKEN": "not base64!"}}
+    with pytest.raises(InvalidInput, match="secret_env API_TOKEN is damaged"):
+        await run(damaged)
+    no_box = ProcessAdapter(ALLOW, env_allow=ENV_ALLOW, kill_grace_s=GRACE_S)
+    with pytest.raises(InvalidInput, match="cannot open"):
+        await no_box.run(context(stored, Recorder(), agent_id=agent_id))
+
+
+def test_secret_hints_show_nothing_of_short_values() -> None:
+    assert secret_hint("short-secret") == "…"
+    assert secret_hint("x" * 15) == "…"
+    assert secret_hint("0123456789abcdef") == "…cdef"
+
+
+def test_a_config_change_keeps_secret_env_only_while_what_runs_is_the_same() -> None:
+    agent_id = uuid.uuid4()
+    base = {"command": [SH, "-c", "run"], "cwd": "/srv", "env": {"TEAM": "b"}}
+    previous = sealed(agent_id, {"API_TOKEN": CANARY}, **base)
+
+    def change(**config: Any) -> dict[str, Any]:
+        given = ProcessAgentConfig.model_validate(config)
+        return stored_config(given, box=BOX, agent_id=agent_id, previous=previous)
+
+    kept = change(**base, timeout_s=5.0, stdin="none")
+    assert kept["secret_env_sealed"] == previous["secret_env_sealed"]
+    assert kept["secret_env_hints"] == previous["secret_env_hints"]
+    for moved in (
+        base | {"command": [SH, "-c", "run", "--verbose"]},
+        base | {"command": [ENV]},
+        base | {"cwd": "/tmp"},
+        {k: v for k, v in base.items() if k != "cwd"},
+        base | {"env": {"TEAM": "c"}},
+        base | {"env": {}},
+    ):
+        with pytest.raises(
+            ProcessSecretEnvRequired, match=r"needs secret_env again \(API_TOKEN\)"
+        ) as err:
+            change(**moved)
+        assert err.value.errors is not None and err.value.errors[0]["field"] == "config.secret_env"
+        assert CANARY not in str(err.value.detail)
+        # Sent again, or dropped with {}, the change is made.
+        renewed = change(**moved, secret_env={"API_TOKEN": "another-secret-value"})
+        assert renewed["secret_env_sealed"] != previous["secret_env_sealed"]
+        assert "secret_env_sealed" not in change(**moved, secret_env={})
+    # An agent without secrets changes freely.
+    plain = ProcessAgentConfig.model_validate(base)
+    assert (
+        stored_config(plain, box=BOX, agent_id=agent_id, previous=plain.stored()) == plain.stored()
+    )
+
+
+def test_readers_without_agents_write_see_names_only() -> None:
+    stored = sealed(
+        uuid.uuid4(), {"API_TOKEN": CANARY}, command=[SH], env={"TEAM": "blue", "LANG": "C"}
+    )
+    writer = public_config(stored, values=True)
+    assert writer == {
+        "command": [SH],
+        "env": {"TEAM": "blue", "LANG": "C"},
+        "timeout_s": 600.0,
+        "stdin": "context",
+        "secret_env_hints": {"API_TOKEN": "…" + CANARY[-4:]},
+    }
+    reader = public_config(stored, values=False)
+    assert reader == {
+        "command": [SH],
+        "env_names": ["LANG", "TEAM"],
+        "secret_env_names": ["API_TOKEN"],
+        "timeout_s": 600.0,
+        "stdin": "context",
+    }
+    assert "blue" not in json.dumps(reader)
+    assert "sealed" not in json.dumps(writer) + json.dumps(reader)
 
 
 # Hygiene.

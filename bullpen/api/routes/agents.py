@@ -247,7 +247,8 @@ class AgentUpdate(Strict):
     title: AgentTitle = optional()
     config: AgentConfig = optional(
         "Replaces the whole config (of the agent's adapter; an `http` agent's secret is kept "
-        "when left out)."
+        "when left out, and a `process` agent's `secret_env` while its `command`, `cwd` and "
+        "`env` stay the same)."
     )
 
     @field_validator("config", mode="wrap")
@@ -270,7 +271,11 @@ class AgentPublic(BaseModel):
     name: str
     title: str
     adapter: str = Field(examples=["llm"])
-    config: dict[str, Any]
+    config: dict[str, Any] = Field(
+        description="The adapter's config without its secrets: an `http` agent's shows "
+        "`secret_hint`; a `process` agent's shows `secret_env_hints`, and `env` with its values "
+        "only to callers with `agents:write` (others get `env_names` and `secret_env_names`)."
+    )
     status: str = Field(examples=["active"], description="`active`, `paused` or `terminated`.")
     max_concurrent_runs: int
     description: str
@@ -278,14 +283,16 @@ class AgentPublic(BaseModel):
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: Any) -> AgentPublic:
-        """Build from an `agents` row."""
+    def from_row(cls, row: Any, principal: Principal) -> AgentPublic:
+        """Build from an `agents` row, as `principal` may see it."""
         return cls(
             id=row.id,
             name=row.name,
             title=row.title,
             adapter=row.adapter,
-            config=public_config(row.adapter, row.config),
+            config=public_config(
+                row.adapter, row.config, values=principal.can(Permission.AGENTS_WRITE)
+            ),
             status=row.status,
             max_concurrent_runs=row.max_concurrent_runs,
             description=row.description,
@@ -367,7 +374,7 @@ Agents = Annotated[AgentService, Depends(_service)]
 async def list_agents(principal: Reader, agents: Agents) -> AgentList:
     """Every agent of the workspace, ordered by name."""
     rows = await agents.list(principal)
-    return AgentList(items=[AgentPublic.from_row(row) for row in rows])
+    return AgentList(items=[AgentPublic.from_row(row, principal) for row in rows])
 
 
 async def _not_the_tree(request: Request) -> None:
@@ -419,7 +426,9 @@ async def create_agent(
             description=body.description,
             reports_to=body.reports_to,
         )
-        return tx.respond(201, AgentPublic.from_row(row), location=f"/api/v1/agents/{row.id}")
+        return tx.respond(
+            201, AgentPublic.from_row(row, principal), location=f"/api/v1/agents/{row.id}"
+        )
 
 
 @router.get(
@@ -431,7 +440,7 @@ async def create_agent(
 )
 async def get_agent(agent_id: AgentId, principal: Reader, agents: Agents) -> AgentPublic:
     """One agent of the workspace."""
-    return AgentPublic.from_row(await agents.get(principal, agent_id))
+    return AgentPublic.from_row(await agents.get(principal, agent_id), principal)
 
 
 @router.patch(
@@ -455,7 +464,7 @@ async def update_agent(
         changes["config"] = body.config
     if "status" in changes:
         changes["status"] = body.status.value
-    return AgentPublic.from_row(await agents.update(principal, agent_id, changes))
+    return AgentPublic.from_row(await agents.update(principal, agent_id, changes), principal)
 
 
 @router.delete(
@@ -480,7 +489,7 @@ def _lifecycle(status: str, op: str, summary: str, doc: str) -> None:
         row = await agents.set_status(principal, agent_id, status)
         if status == "terminated":
             await svc.tasks.cancel_open_of_agent(principal, agent_id)
-        return AgentPublic.from_row(row)
+        return AgentPublic.from_row(row, principal)
 
     change.__doc__ = doc
     router.add_api_route(
