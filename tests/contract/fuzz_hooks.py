@@ -95,7 +95,9 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
     - an agent's `config.command.0` not on the operator's `BULLPEN_PROCESS_ALLOW`, a
       `config.url` the API's own outbound check refuses (non-public addresses, hosts that do
       not parse), or a `config.env` with a name the API refuses (a case-insensitive deny-list):
-      server settings and address facts a schema cannot carry.
+      server settings and address facts a schema cannot carry. The same for a provider's
+      `base_url`, and its `api_key` when a change of `base_url` to another origin leaves it
+      out (a key goes only where it was given for: it depends on the stored provider).
     - `config` (body) of an agent change, refused as another adapter's config: the valid
       config depends on the stored agent's adapter, which a schema of the request cannot know.
     - `cron` or `timezone` (body) of a routine, when the API's own check really refuses it: which
@@ -138,6 +140,11 @@ def _excused(error: Any, case: Any) -> bool:
         return True  # the operator's BULLPEN_PROCESS_ALLOW (empty on the fuzz server)
     if where == ("body", "config.url") and isinstance(config, dict):
         return _refused_url(config.get("url"))
+    body = case.body if isinstance(case.body, dict) else {}
+    if where == ("body", "base_url"):
+        return _refused_url(body.get("base_url"))
+    if where == ("body", "api_key") and error.get("code") == "required_for_new_origin":
+        return "base_url" in body and "api_key" not in body
     if where == ("body", "config.env") and isinstance(config, dict):
         env = config.get("env")
         return isinstance(env, dict) and any(env_name_denied(str(name)) for name in env)
