@@ -19,6 +19,7 @@ from ipaddress import ip_address
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 import sqlalchemy as sa
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -36,6 +37,7 @@ from bullpen.store.tables import providers
 from tests.conftest import RunningServer
 from tests.integration.client import call, problem
 from tests.integration.db import rows
+from tests.integration.test_api_task_actions import new_task, wait_status
 
 CANARY = "sk-canary-PROVIDERKEY-7f3a9c0d1e2b"
 NEW_KEY = "sk-replacement-key-5566778899"
@@ -346,6 +348,31 @@ async def test_errors_from_non_public_providers_look_alike(
         for leak in ("403", "418", "admin", "SSH", "teapot", "reached", "timed", "Error"):
             assert leak not in problem_body["detail"], (name, problem_body)
     assert len(set(answers.values())) == 1, answers
+
+
+@pytest.mark.with_settings(outbound_allow="127.0.0.1/32", max_attempts=1)
+async def test_runs_on_non_public_providers_fail_alike(
+    server: RunningServer, http: aiohttp.ClientSession, listen: Any
+) -> None:
+    """The run's error and its record of attempts say no more than the relay does."""
+    page = await listen(http_answer("403 Forbidden", "text/html", b"<h1>internal admin</h1>"))
+    seen = []
+    for name, url in (("target1", page.url), ("target2", f"http://127.0.0.1:{free_port()}/v1")):
+        made = await call(
+            http, server, "POST", "/api/v1/providers", body=provider_body(url, name=name)
+        )
+        assert made.status == 201, made.text
+        agent = f"/api/v1/agents/{server.boot.agent_id}"
+        patched = await call(http, server, "PATCH", agent, body={"config": {"model": f"{name}/m"}})
+        assert patched.status == 200, patched.text
+        task = await new_task(http, server)
+        run = (await wait_status(http, server, task["id"], "failed"))["run"]
+        shown = orjson.dumps([run["error"], run["error_code"], run["llm_calls"]]).decode()
+        for leak in ("403", "admin", "reached", "Error", "http-", "connect"):
+            assert leak not in shown, run
+        seen.append(shown.replace(name, "X"))
+    assert seen[0] == seen[1], seen
+    assert "non-public address" in seen[0]
 
 
 # ---- the guard where the gateway connects (resolver stub) -----------------------------------
