@@ -246,7 +246,8 @@ class GatewayConfig:
             self._check_url(changes["base_url"])
         now = self._clock()
         async with self._store.write() as conn:
-            before = await self._provider(conn, principal, provider_id)
+            # Locked: a key set meanwhile by another request must be seen by the check below.
+            before = await self._provider(conn, principal, provider_id, for_update=True)
             if (
                 "base_url" in changes
                 and "api_key" not in changes
@@ -456,8 +457,12 @@ class GatewayConfig:
                 "change those routes first"
             )
 
-    async def _provider(self, conn: Connection, principal: Principal, provider_id: UUID) -> Any:
-        row = await gateway_store.get_provider(conn, principal.workspace_id, provider_id)
+    async def _provider(
+        self, conn: Connection, principal: Principal, provider_id: UUID, *, for_update: bool = False
+    ) -> Any:
+        row = await gateway_store.get_provider(
+            conn, principal.workspace_id, provider_id, for_update=for_update
+        )
         if row is None:
             raise NotFound("no such provider")
         return row
