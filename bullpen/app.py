@@ -72,6 +72,8 @@ class Services:
     ledger: UsageLedger
     relay_slots: Slots
     provider_defaults: Timeouts
+    # BULLPEN_OUTBOUND_ALLOW, parsed (issue 19, finding 2: provider URLs are checked too).
+    outbound: OutboundAllow
     worker: Worker | None
     auth: AuthService
     tasks: TaskService
@@ -128,6 +130,7 @@ async def build(
                     base_url=sim_url,
                     timeouts=defaults,
                     prices={SIMULATED_MODEL: Price()},  # simulated tokens cost nothing
+                    builtin=True,  # the operator's: not subject to the outbound guard
                 )
             )
         bus = await open_bus(settings, stack)
@@ -136,7 +139,9 @@ async def build(
         eventlog = await stack.enter_async_context(
             EventLog(store, bus, coalesce_s=settings.coalesce_ms / 1000, clock=clock)
         )
-        client = await stack.enter_async_context(GatewayClient())
+        outbound = OutboundAllow.parse(settings.outbound_allow)
+        # Workspace providers connect only to addresses the outbound guard allows.
+        client = await stack.enter_async_context(GatewayClient(outbound))
         breakers = Breakers(
             BreakerPolicy(
                 failures=settings.gateway_breaker_failures,
@@ -171,7 +176,6 @@ async def build(
         # other processes' through NOTIFY.
         wakeups: list[Callable[[], None]] = [feeds.nudge]
         team = Team(store, clock, _all(wakeups))
-        outbound = OutboundAllow.parse(settings.outbound_allow)
         process_allow = process.parse_allow(settings.process_allow)
         process_env_allow = process_env.EnvAllow.parse(settings.process_env_allow)
         if settings.worker_enabled:
@@ -265,6 +269,7 @@ async def build(
                 per_caller=settings.relay_max_streams_per_key,
             ),
             provider_defaults=defaults,
+            outbound=outbound,
             worker=worker,
             auth=AuthService(
                 store,

@@ -260,7 +260,14 @@ def providers_add(
 @providers_cli.command("update")
 def providers_update(
     name: Annotated[str, typer.Argument(help="The provider to change.")],
-    base_url: Annotated[str | None, typer.Option("--base-url", help="A new base URL.")] = None,
+    base_url: Annotated[
+        str | None,
+        typer.Option(
+            "--base-url",
+            help="A new base URL. Another scheme, host or port needs the key again "
+            "(--api-key-env, --api-key-stdin or --remove-api-key).",
+        ),
+    ] = None,
     api_key_env: KeyEnv = None,
     api_key_stdin: KeyStdin = False,
     remove_api_key: Annotated[

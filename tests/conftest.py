@@ -122,6 +122,9 @@ async def settings(
         "secret_key": "t" * 40,
         **FAST_SIM,
         "drain_grace_s": 1.0,  # a test's server stops promptly with runs in flight
+        # Workspace providers in tests are simulators and listeners on 127.0.0.1: allowed as an
+        # operator would allow an internal provider. Tests of the guard set their own list.
+        "outbound_allow": "127.0.0.1/32",
         **_marked_settings(request),
     }
     if backend == "sqlite":

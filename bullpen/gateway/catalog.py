@@ -49,6 +49,9 @@ class Provider:
     timeouts: Timeouts
     prices: Mapping[str, Price] = field(default_factory=dict)
     api_key: str | None = field(default=None, repr=False)
+    # Configured by the operator (the simulator), not by a workspace: not subject to the
+    # outbound guard that keeps workspace providers off non-public addresses.
+    builtin: bool = False
 
     def price(self, model: str) -> Price:
         """The model's price; a model without one costs nothing."""

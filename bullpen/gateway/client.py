@@ -5,17 +5,28 @@ to know when fallback stops being allowed. Chunks are parsed with orjson and han
 dicts. Failures become typed errors whose `transient` flag says whether the next provider of
 a chain may be tried, and whose `reason` names what happened (for the run's attempt record
 and the metrics).
+
+Workspace providers pass the outbound guard (`bullpen.gateway.guard`) on every new
+connection; built-in ones (configured by the operator) do not, and have a pool of their own.
+A provider at a non-public address (one `BULLPEN_OUTBOUND_ALLOW` lets through) never has its
+own error text shown, and until it has answered as an OpenAI-compatible provider does (an
+`{"error": {...}}` answer or a stream chunk) all its failures look alike: a closed port, a web
+page, another protocol and a silent service give callers the same error, so provider URLs
+cannot map the internal network. The server log keeps what really happened.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from aiohttp.abc import AbstractResolver
 
+from bullpen.agents.outbound import SETTING, OutboundAllow, OutboundRefused
 from bullpen.errors import (
     ProviderAuth,
     ProviderError,
@@ -24,8 +35,11 @@ from bullpen.errors import (
     ProviderTimeout,
 )
 from bullpen.gateway.catalog import Provider
-from bullpen.gateway.http1 import Http1Pool, Response, target_of
+from bullpen.gateway.guard import AddressGuard
+from bullpen.gateway.http1 import Http1Pool, Peer, Response, target_of
 from bullpen.gateway.redact import scrub
+
+log = logging.getLogger(__name__)
 
 _DATA = b"data:"
 _DONE = b"[DONE]"
@@ -63,16 +77,28 @@ def failure(
 
 
 class GatewayClient:
-    """Keep-alive connections to every provider; `async with` owns their lifetimes."""
+    """Keep-alive connections to every provider; `async with` owns their lifetimes.
 
-    def __init__(self) -> None:
-        self._pool = Http1Pool()
+    With `allow`, workspace providers are guarded (`resolver` does the guard's lookups; the
+    system's when None); without it nothing is (tests and benchmarks of the gateway alone).
+    """
+
+    def __init__(
+        self, allow: OutboundAllow | None = None, resolver: AbstractResolver | None = None
+    ) -> None:
+        self._guard = None if allow is None else AddressGuard(allow, resolver)
+        self._pool = Http1Pool(self._guard)
+        # Built-in providers never share a connection with a guarded one of the same origin.
+        self._builtin_pool = self._pool if self._guard is None else Http1Pool()
 
     async def __aenter__(self) -> GatewayClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self._pool.close()
+        self._builtin_pool.close()
+        if self._guard is not None:
+            await self._guard.close()
 
     async def stream(
         self, provider: Provider, body: Mapping[str, Any], exchange: Exchange
@@ -91,19 +117,22 @@ class GatewayClient:
             headers["Authorization"] = f"Bearer {provider.api_key}"
         started = loop.time()
         response: Response | None = None
-        parser = _Lines(provider, exchange)
+        peer = Peer()
+        parser = _Lines(provider, exchange, peer)
         clean = False
+        pool = self._builtin_pool if provider.builtin else self._pool
         try:
             try:
                 async with asyncio.timeout(limits.ttft_s):
-                    response = await self._pool.post(
+                    response = await pool.post(
                         target_of(provider.base_url.rstrip("/") + "/chat/completions"),
                         headers,
                         orjson.dumps(body),
                         connect_timeout_s=limits.connect_s,
+                        peer=peer,
                     )
                     if response.status != 200:
-                        raise await _refusal(provider, response)
+                        raise await _refusal(provider, response, parser)
                     opening = await parser.until_content(response)
                 exchange.ttft_s = loop.time() - started if parser.saw_content else None
                 if not parser.saw_content:
@@ -154,15 +183,30 @@ class GatewayClient:
                     transient=True,
                 )
             clean = True
+        except ProviderError as err:
+            if peer.public is False and not parser.valid:
+                raise _alike(provider, err) from None
+            raise
         except OSError as err:
             stage = "connect" if response is None else "connection-lost"
-            raise failure(
+            lost = failure(
                 ProviderError,
                 stage,
                 f"provider {provider.name!r} "
                 + ("could not be reached" if response is None else "dropped the stream")
                 + f" ({type(err).__name__})",
                 transient=True,
+            )
+            raise (
+                _alike(provider, lost) if peer.public is False and not parser.valid else lost
+            ) from None
+        except OutboundRefused as err:
+            log.warning("provider %r refused by the outbound guard: %s", provider.name, err.detail)
+            raise failure(
+                ProviderError,
+                "outbound-refused",
+                f"provider {provider.name!r} is at a non-public address, which this server "
+                f"does not call unless {SETTING} names it",
             ) from None
         finally:
             if response is not None:
@@ -213,14 +257,26 @@ class _IdleWatch:
 class _Lines:
     """An SSE reader for one response: splits lines, parses `data:` chunks, notes metadata."""
 
-    __slots__ = ("_exchange", "_provider", "_rest", "ended", "error", "saw_content")
+    __slots__ = (
+        "_exchange",
+        "_peer",
+        "_provider",
+        "_rest",
+        "ended",
+        "error",
+        "saw_content",
+        "valid",
+    )
 
-    def __init__(self, provider: Provider, exchange: Exchange) -> None:
+    def __init__(self, provider: Provider, exchange: Exchange, peer: Peer | None = None) -> None:
         self._provider = provider
         self._exchange = exchange
+        self._peer = Peer() if peer is None else peer
         self._rest = b""
         self.ended = False
         self.saw_content = False
+        # The provider answered as an OpenAI-compatible one does (a chunk, or an error object).
+        self.valid = False
         # A failure found in a read is raised after the chunks before it were handed on.
         self.error: ProviderError | None = None
 
@@ -283,14 +339,15 @@ class _Lines:
                 f"provider {name!r} sent a malformed stream chunk",
                 transient=True,
             )
+        self.valid = True
         error = chunk.get("error")
         if error is not None:
             message = error.get("message") if isinstance(error, dict) else error
+            said = self.clean(str(message or "unknown"))
             raise failure(
                 ProviderError,
                 "stream-error",
-                f"provider {name!r} reported an error mid-stream: "
-                + self._clean(str(message or "unknown")),
+                f"provider {name!r} reported an error mid-stream" + (f": {said}" if said else ""),
                 transient=True,
             )
         exchange = self._exchange
@@ -319,7 +376,11 @@ class _Lines:
             return chunk if reason else None
         return chunk if usage else None
 
-    def _clean(self, message: str) -> str:
+    def clean(self, message: str) -> str:
+        """The provider's own message as callers may see it: none from a non-public address
+        (an internal service's text is not for callers), else short and without its key."""
+        if self._peer.public is False:
+            return ""
         key = self._provider.api_key
         return scrub(message, (key,) if key else ())[:_MESSAGE_CHARS]
 
@@ -339,7 +400,7 @@ def _retry_after(response: Response) -> float | None:
     return seconds if seconds >= 0 else None
 
 
-async def _refusal(provider: Provider, response: Response) -> ProviderError:
+async def _refusal(provider: Provider, response: Response, parser: _Lines) -> ProviderError:
     """The typed error for a non-200 answer, with a short, secret-free message."""
     status = response.status
     message, code = "", ""
@@ -347,12 +408,12 @@ async def _refusal(provider: Provider, response: Response) -> ProviderError:
         body = orjson.loads(await response.read(_ERROR_BODY_BYTES))
         error = body.get("error") if isinstance(body, dict) else None
         if isinstance(error, dict):
+            parser.valid = True  # an OpenAI-style error object
             message = str(error.get("message") or "")
             code = str(error.get("code") or error.get("type") or "")
     except (orjson.JSONDecodeError, OSError):
         pass
-    key = provider.api_key
-    message = scrub(message, (key,) if key else ())[:_MESSAGE_CHARS]
+    message = parser.clean(message)
     detail = f"provider {provider.name!r} answered HTTP {status}" + (
         f": {message}" if message else ""
     )
@@ -368,3 +429,18 @@ async def _refusal(provider: Provider, response: Response) -> ProviderError:
     if 400 <= status < 500:
         return failure(ProviderRejected, reason, detail)
     return failure(ProviderError, reason, detail, transient=True)
+
+
+def _alike(provider: Provider, err: ProviderError) -> ProviderError:
+    """The one error callers see for any failure of a non-public provider that has not
+    answered as an OpenAI-compatible one (the real one goes to the server log)."""
+    log.warning(
+        "provider %r at a non-public address failed (%s): %s", provider.name, err.reason, err.detail
+    )
+    return failure(
+        ProviderError,
+        "failed",
+        f"provider {provider.name!r} failed; it is at a non-public address, whose errors are "
+        "not shown (the server log has them)",
+        transient=True,
+    )

@@ -14,6 +14,9 @@ waits on a future only when the buffer is empty.
 - TLS for `https` with the system's trust store; no proxies, cookies, redirects or
   compression (`Accept-Encoding: identity`; a compressed answer is refused).
 - Reading stops (the socket is paused) while more than `BUFFER_LIMIT` bytes wait unread.
+- With a `guard` (`bullpen.gateway.guard`), a new connection goes only to an address the
+  guard resolved and allowed, never to the name itself; what it learnt of the address
+  (public or not) is told to the caller through `Peer`.
 
 Connection failures raise `ConnectionError` (`UpstreamClosed` once the answer has begun),
 refused TLS `ssl.SSLError`, malformed answers `MalformedResponse`: all `OSError`s.
@@ -22,12 +25,13 @@ refused TLS `ssl.SSLError`, malformed answers `MalformedResponse`: all `OSError`
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -44,6 +48,34 @@ class MalformedResponse(ConnectionError):
 
 class UpstreamClosed(ConnectionError):
     """The connection closed before the answer was complete."""
+
+
+class Checked(Protocol):
+    """What a guard allows for a host: addresses to connect to, and whether all are public."""
+
+    @property
+    def addresses(self) -> tuple[tuple[socket.AddressFamily, str], ...]: ...
+
+    @property
+    def public(self) -> bool: ...
+
+
+class Guard(Protocol):
+    """Resolves a host and checks its addresses before any connect (raises to refuse)."""
+
+    async def check(self, host: str, port: int) -> Checked:
+        """The addresses the host may be connected to."""
+        ...
+
+
+@dataclass(slots=True)
+class Peer:
+    """What `Http1Pool.post` learnt of where the request went, as soon as it knew.
+
+    `public` is None without a guard (or before the address was known).
+    """
+
+    public: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +168,7 @@ class _Connection(asyncio.Protocol):
         self._received = False
         self._finishing: asyncio.TimerHandle | None = None
         self.idle_since = 0.0
+        self.public: bool | None = None  # what the guard found of its address
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -300,12 +333,16 @@ class _Connection(asyncio.Protocol):
 
 
 class Http1Pool:
-    """Keep-alive connections by origin; `close()` ends them all."""
+    """Keep-alive connections by origin; `close()` ends them all.
 
-    def __init__(self) -> None:
+    With a `guard`, every new connection is checked by it first (see the module's notes).
+    """
+
+    def __init__(self, guard: Guard | None = None) -> None:
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._open: set[_Connection] = set()
         self._tls: ssl.SSLContext | None = None
+        self._guard = guard
 
     async def post(
         self,
@@ -314,11 +351,15 @@ class Http1Pool:
         body: bytes,
         *,
         connect_timeout_s: float,
+        peer: Peer | None = None,
     ) -> Response:
-        """Send a POST; return once the answer's headers arrived."""
+        """Send a POST; return once the answer's headers arrived. `peer` is told what the
+        guard found of the address (before anything is sent)."""
         head = _request_head(target, headers, len(body))
         conn = self._take_idle(target.origin)
         if conn is not None:
+            if peer is not None:
+                peer.public = conn.public
             conn.send(head, body)
             try:
                 return await conn.response()
@@ -326,7 +367,7 @@ class Http1Pool:
                 if not conn.answered_nothing:
                     raise
                 conn.close()  # closed by the server while idle: once more, on a new one
-        conn = await self._connect(target, connect_timeout_s)
+        conn = await self._connect(target, connect_timeout_s, peer)
         conn.send(head, body)
         try:
             return await conn.response()
@@ -344,7 +385,7 @@ class Http1Pool:
             conn.close()
         return None
 
-    async def _connect(self, target: Target, timeout_s: float) -> _Connection:
+    async def _connect(self, target: Target, timeout_s: float, peer: Peer | None) -> _Connection:
         loop = asyncio.get_running_loop()
         tls: ssl.SSLContext | None = None
         if target.scheme == "https":
@@ -352,15 +393,42 @@ class Http1Pool:
                 self._tls = ssl.create_default_context()
             tls = self._tls
         conn = _Connection(self, target.origin)
+        server_hostname = target.host if tls is not None else None
         try:
             async with asyncio.timeout(timeout_s):
-                await loop.create_connection(
-                    lambda: conn,
-                    target.host,
-                    target.port,
-                    ssl=tls,
-                    server_hostname=target.host if tls is not None else None,
-                )
+                if self._guard is None:
+                    await loop.create_connection(
+                        lambda: conn,
+                        target.host,
+                        target.port,
+                        ssl=tls,
+                        server_hostname=server_hostname,
+                    )
+                else:
+                    # Checked first (a refusal raises before any connect), then connected to
+                    # by number: the address checked is the address connected to.
+                    checked = await self._guard.check(target.host, target.port)
+                    conn.public = checked.public
+                    if peer is not None:
+                        peer.public = checked.public
+                    failure: OSError | None = None
+                    for family, address in checked.addresses:
+                        try:
+                            await loop.create_connection(
+                                lambda: conn,
+                                address,
+                                target.port,
+                                family=family,
+                                ssl=tls,
+                                server_hostname=server_hostname,
+                            )
+                        except OSError as err:
+                            failure = err
+                            continue
+                        break
+                    else:
+                        assert failure is not None  # a guard answers with an address or raises
+                        raise failure
         except TimeoutError:
             # Only this timeout's own expiry arrives here as TimeoutError (an enclosing
             # one's arrives as cancellation): a connect failure, not the caller's deadline.

@@ -2,7 +2,11 @@
 
 - `GatewayConfig`: create, change, delete and read providers and model routes, each change
   audited in its transaction. API keys are sealed (AES-GCM) before they reach the store and
-  are never returned; callers see a masked hint.
+  are never returned; callers see a masked hint. A provider's URL must pass the outbound
+  guard (`BULLPEN_OUTBOUND_ALLOW`, as webhook agents' do), and a key is only ever sent to the
+  origin it was given for: moving a provider to another scheme, host or port needs the key
+  again (else an admin could point the provider at a listener of theirs and read the key
+  off the next call).
 - `Directory`: the catalog the gateway calls from, per workspace, cached for a short time
   (changes made in this process apply at once; other processes see them within the TTL).
 - `UsageLedger`: cost rows for relay calls, written in batches off the request path.
@@ -16,8 +20,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 from uuid import UUID
 
+from bullpen.agents.outbound import OutboundAllow, OutboundRefused, check_url
 from bullpen.domain.access import Permission, need
 from bullpen.domain.principal import Principal
 from bullpen.errors import BullpenError, Conflict, InvalidInput, NotFound
@@ -37,6 +43,20 @@ _MAX_PENDING = 100_000
 def key_context(provider_id: UUID) -> bytes:
     """The associated data binding a sealed key to its provider row."""
     return b"provider:" + provider_id.bytes
+
+
+class ProviderKeyRequired(InvalidInput):
+    """A provider's URL moves to another origin while its key would be kept."""
+
+    slug = "provider-key-required"
+    title = "The provider's API key is required again"
+
+
+def origin(url: str) -> tuple[str, str, int]:
+    """Where a URL's requests go: scheme, host (as written, lower-cased) and port."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or (443 if scheme == "https" else 80)
 
 
 class Directory:
@@ -144,12 +164,14 @@ class GatewayConfig:
         directory: Directory,
         clock: Callable[[], datetime],
         defaults: Timeouts,
+        outbound: OutboundAllow,
     ) -> None:
         self._store = store
         self._box = box
         self._directory = directory
         self._clock = clock
         self._defaults = defaults
+        self._outbound = outbound
 
     # ---- providers ------------------------------------------------------------------------
 
@@ -178,6 +200,7 @@ class GatewayConfig:
         """Add a provider; its key is sealed and only its hint kept in the clear."""
         need(principal, Permission.PROVIDERS_WRITE)
         self._check_name(name)
+        self._check_url(base_url)
         provider_id = uuid.uuid4()
         now = self._clock()
         values: dict[str, Any] = {
@@ -219,9 +242,27 @@ class GatewayConfig:
         need(principal, Permission.PROVIDERS_WRITE)
         if "name" in changes:
             self._check_name(changes["name"])
+        if "base_url" in changes:
+            self._check_url(changes["base_url"])
         now = self._clock()
         async with self._store.write() as conn:
-            before = await self._provider(conn, principal, provider_id)
+            # Locked: a key set meanwhile by another request must be seen by the check below.
+            before = await self._provider(conn, principal, provider_id, for_update=True)
+            if (
+                "base_url" in changes
+                and "api_key" not in changes
+                and before.api_key_ciphertext is not None
+                and origin(changes["base_url"]) != origin(before.base_url)
+            ):
+                message = (
+                    "a provider's API key is only sent where it was given for: changing the "
+                    "scheme, host or port of base_url needs api_key in the same request "
+                    "(or api_key: null to call the new address without a key)"
+                )
+                raise ProviderKeyRequired(
+                    message,
+                    errors=[_field("api_key", message, "required_for_new_origin")],
+                )
             values = {k: v for k, v in changes.items() if k not in ("api_key", "timeouts")}
             if "timeouts" in changes:
                 current = {
@@ -367,6 +408,14 @@ class GatewayConfig:
         if name in self._directory.builtin_names:
             raise Conflict(f"{name!r} is the name of a built-in provider; choose another")
 
+    def _check_url(self, base_url: str) -> None:
+        """The outbound guard's URL check (host names are checked again when connecting)."""
+        try:
+            check_url(base_url, self._outbound)
+        except InvalidInput as err:
+            code = "outbound_refused" if isinstance(err, OutboundRefused) else "invalid_url"
+            raise type(err)(err.detail, errors=[_field("base_url", err.detail, code)]) from None
+
     def _timeouts(self, given: dict[str, float]) -> dict[str, float]:
         d = self._defaults
         out = {
@@ -408,8 +457,12 @@ class GatewayConfig:
                 "change those routes first"
             )
 
-    async def _provider(self, conn: Connection, principal: Principal, provider_id: UUID) -> Any:
-        row = await gateway_store.get_provider(conn, principal.workspace_id, provider_id)
+    async def _provider(
+        self, conn: Connection, principal: Principal, provider_id: UUID, *, for_update: bool = False
+    ) -> Any:
+        row = await gateway_store.get_provider(
+            conn, principal.workspace_id, provider_id, for_update=for_update
+        )
         if row is None:
             raise NotFound("no such provider")
         return row
@@ -419,6 +472,10 @@ class GatewayConfig:
         if row is None:
             raise NotFound("no such model route")
         return row
+
+
+def _field(field: str, message: str, code: str) -> dict[str, str]:
+    return {"location": "body", "field": field, "message": message, "code": code}
 
 
 def _auditable(values: dict[str, Any]) -> dict[str, Any]:

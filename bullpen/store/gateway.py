@@ -54,15 +54,17 @@ async def create_provider(
         raise Conflict(f"a provider named {values['name']!r} already exists here") from err
 
 
-async def get_provider(conn: Connection, workspace_id: UUID, provider_id: UUID) -> Any | None:
-    """The provider with this id in this workspace, or None."""
-    return (
-        await conn.execute(
-            sa.select(providers).where(
-                providers.c.id == provider_id, providers.c.workspace_id == workspace_id
-            )
-        )
-    ).first()
+async def get_provider(
+    conn: Connection, workspace_id: UUID, provider_id: UUID, *, for_update: bool = False
+) -> Any | None:
+    """The provider with this id in this workspace, or None; `for_update` locks the row (on
+    PostgreSQL; SQLite's one writer already excludes others) until the transaction ends."""
+    query = sa.select(providers).where(
+        providers.c.id == provider_id, providers.c.workspace_id == workspace_id
+    )
+    if for_update:
+        query = query.with_for_update()
+    return (await conn.execute(query)).first()
 
 
 async def list_providers(conn: Connection, workspace_id: UUID) -> list[Any]:

@@ -126,7 +126,7 @@ def test_providers_and_routes_round_trip_without_showing_a_key(cli: Cli) -> None
 
 
 def test_a_key_from_stdin_replaces_the_old_one_and_can_be_removed(cli: Cli) -> None:
-    cli.ok("providers", "add", "local", "--base-url", "http://127.0.0.1:9/v1", "--model", "m")
+    cli.ok("providers", "add", "local", "--base-url", "https://llm.example.test/v1", "--model", "m")
     cli.ok("providers", "update", "local", "--api-key-stdin", stdin=PROVIDER_KEY + "\n")
     local = cli.listed("providers")["local"]
     assert local["api_key_hint"] == f"sk-…{PROVIDER_KEY[-4:]}"

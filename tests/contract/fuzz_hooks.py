@@ -95,6 +95,9 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
       `config.url` the API's own outbound check refuses (non-public addresses, hosts that do
       not parse): server settings and address facts a schema cannot carry. (Environment names
       off `BULLPEN_PROCESS_ENV_ALLOW` are checked after the command, so never reached here.)
+      The same for a provider's `base_url`, and its `api_key` when a change of `base_url` to
+      another origin leaves it out (a key goes only where it was given for: it depends on the
+      stored provider).
     - `config` (body) of an agent change, refused as another adapter's config: the valid
       config depends on the stored agent's adapter, which a schema of the request cannot know.
     - `cron` or `timezone` (body) of a routine, when the API's own check really refuses it: which
@@ -137,6 +140,11 @@ def _excused(error: Any, case: Any) -> bool:
         return True  # the operator's BULLPEN_PROCESS_ALLOW (empty on the fuzz server)
     if where == ("body", "config.url") and isinstance(config, dict):
         return _refused_url(config.get("url"))
+    body = case.body if isinstance(case.body, dict) else {}
+    if where == ("body", "base_url"):
+        return _refused_url(body.get("base_url"))
+    if where == ("body", "api_key") and error.get("code") == "required_for_new_origin":
+        return "base_url" in body and "api_key" not in body
     if where == ("body", "config") and error.get("code") == "adapter_mismatch":
         # PATCH /agents/{id}: a config is valid only for the adapter the stored agent has.
         return case.method.upper() == "PATCH"

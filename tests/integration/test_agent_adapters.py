@@ -68,6 +68,7 @@ async def create_agent(
         return r
 
 
+@pytest.mark.with_settings(outbound_allow="")
 async def test_a_webhook_to_a_private_address_is_refused_by_default(
     server: RunningServer, http: aiohttp.ClientSession, webhook: tuple[str, Any]
 ) -> None:

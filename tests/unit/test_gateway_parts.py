@@ -11,6 +11,7 @@ from bullpen.errors import BullpenError, ModelNotFound
 from bullpen.gateway.breaker import Breaker, BreakerPolicy, Breakers, BreakerState
 from bullpen.gateway.catalog import Catalog, Price, Provider, Target, Timeouts
 from bullpen.gateway.redact import MASK, ChunkRedactor, Redactor, scrub
+from bullpen.services.gateway import origin
 from bullpen.services.secrets import SecretBox, hint
 
 LIMITS = Timeouts(connect_s=1, ttft_s=1, idle_s=1, deadline_s=10)
@@ -216,3 +217,18 @@ def test_sealed_secrets_open_only_with_the_same_key_and_context() -> None:
 def test_a_hint_shows_little_of_the_key() -> None:
     assert hint(SECRET) == "sk-…cdef"
     assert hint("short-key") == "…ey"
+
+
+def test_an_origin_is_scheme_host_and_port_as_requests_reach_them() -> None:
+    """A provider's key stays with its origin (issue 19, finding 2): what counts as one."""
+    assert origin("https://api.example.com/v1") == ("https", "api.example.com", 443)
+    assert origin("https://API.Example.com:443/v2") == origin("https://api.example.com/v1")
+    assert origin("http://api.example.com:80") == origin("HTTP://api.example.com/other")
+    for moved in (
+        "http://api.example.com/v1",  # scheme
+        "https://api.example.com:8443/v1",  # port
+        "https://api.example.com.evil.test/v1",  # host
+        "https://api.example.com./v1",  # a trailing dot is another name as written
+        "https://[::1]/v1",
+    ):
+        assert origin(moved) != origin("https://api.example.com/v1"), moved

@@ -20,6 +20,7 @@ from bullpen.agents.outbound import (
     refusal_reason,
 )
 from bullpen.errors import InvalidInput
+from bullpen.gateway.guard import AddressGuard
 
 NOBODY = OutboundAllow()
 
@@ -294,3 +295,42 @@ async def test_the_real_resolver_refuses_localhost() -> None:
             await guard.resolve("localhost", 80)
     finally:
         await guard.close()
+
+
+# The same rules where the gateway connects to workspace providers (issue 19, finding 2).
+
+
+async def test_the_gateways_guard_checks_every_address_and_says_if_all_are_public() -> None:
+    dns = StubDns(DNS)
+    guard = AddressGuard(NOBODY, dns)
+    found = await guard.check("public.example", 443)
+    assert [a for _, a in found.addresses] == DNS["public.example"] and found.public
+    assert [f for f, _ in found.addresses] == [socket.AF_INET, socket.AF_INET6]
+    for name in ("ten.example", "metadata.example", "six.example", "mapped.example"):
+        with pytest.raises(OutboundRefused, match="not a public address"):
+            await guard.check(name, 443)
+    with pytest.raises(OutboundRefused, match="private"):
+        await guard.check("mixed.example", 443)  # one bad answer refuses the name
+    # A literal address is checked as it is, with no lookup.
+    assert (await guard.check("93.184.215.14", 443)).public
+    with pytest.raises(OutboundRefused, match="link-local"):
+        await guard.check("169.254.169.254", 80)
+    with pytest.raises(OutboundRefused, match="loopback"):
+        await guard.check("::ffff:127.0.0.1", 80)
+    assert dns.asked == [
+        "public.example",
+        "ten.example",
+        "metadata.example",
+        "six.example",
+        "mapped.example",
+        "mixed.example",
+    ]
+
+    # Allowed non-public targets pass, marked not public (their errors are not shown as is).
+    allowed = AddressGuard(OutboundAllow.parse("10.0.0.0/24, agents.internal"), dns)
+    assert not (await allowed.check("ten.example", 80)).public
+    assert not (await allowed.check("mixed.example", 80)).public
+    assert not (await allowed.check("agents.internal", 80)).public  # allowed by name
+    assert not (await allowed.check("10.0.0.9", 80)).public
+    with pytest.raises(OutboundRefused):
+        await allowed.check("10.0.1.9", 80)

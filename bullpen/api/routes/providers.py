@@ -62,10 +62,16 @@ BaseUrl = Annotated[
     StringConstraints(
         min_length=8,
         max_length=2000,
-        pattern=r"^https?://[A-Za-z0-9.-]+(:" + _PORT + r")?(/[^\s?#]*)?$",
+        # A host name or IPv4 address, or an IPv6 address in brackets.
+        pattern=r"^https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:" + _PORT + r")?(/[^\s?#]*)?$",
     ),
     AfterValidator(_base_url),
 ]
+_BASE_URL_DOC = (
+    "The OpenAI-style base URL, e.g. ending in `/v1`. Private, loopback, link-local and other "
+    "non-public addresses are refused (here and whenever the host resolves to one) unless "
+    "the server's BULLPEN_OUTBOUND_ALLOW names them."
+)
 ApiKey = Annotated[
     str, StringConstraints(min_length=1, max_length=API_KEY_MAX, pattern=r"^[\x21-\x7e]+$")
 ]
@@ -121,7 +127,7 @@ class ProviderCreate(Strict):
     )
 
     name: Name = Field(description="Unique in the workspace; routes refer to it.")
-    base_url: BaseUrl = Field(description="The OpenAI-style base URL, e.g. ending in `/v1`.")
+    base_url: BaseUrl = Field(description=_BASE_URL_DOC)
     api_key: ApiKey | None = Field(
         default=None,
         repr=False,
@@ -145,9 +151,14 @@ class ProviderUpdate(Strict):
     )
 
     name: Name = optional()
-    base_url: BaseUrl = optional()
+    base_url: BaseUrl = optional(
+        _BASE_URL_DOC + " Another scheme, host or port needs `api_key` in the same request."
+    )
     api_key: ApiKey | None = Field(
-        default=None, repr=False, description="A new key; `null` removes the key."
+        default=None,
+        repr=False,
+        description="A new key; `null` removes the key. Required (a key or `null`) when "
+        "`base_url` moves to another scheme, host or port of a provider that has a key.",
     )
     models: list[ModelPrice] = optional("Replaces the whole list.")
     timeouts: TimeoutsIn = optional("Only the limits sent change.")
@@ -301,7 +312,9 @@ Writer = Annotated[Principal, require(Permission.PROVIDERS_WRITE)]
 
 
 async def _service(svc: ServicesDep) -> GatewayConfig:
-    return GatewayConfig(svc.store, svc.secret_box, svc.directory, svc.clock, svc.provider_defaults)
+    return GatewayConfig(
+        svc.store, svc.secret_box, svc.directory, svc.clock, svc.provider_defaults, svc.outbound
+    )
 
 
 Config = Annotated[GatewayConfig, Depends(_service)]
@@ -388,7 +401,9 @@ async def update_provider(
     provider_id: ProviderId, body: ProviderUpdate, principal: Writer, config: Config
 ) -> ProviderPublic:
     """Only the fields sent change. `api_key: null` removes the key; renaming a provider that
-    routes use is 409."""
+    routes use is 409. Moving a provider with a key to another scheme, host or port without
+    sending `api_key` (a key, or `null`) is 422 `provider-key-required`: a key goes only where
+    it was given for."""
     changes = body.model_dump(exclude_unset=True)
     if "api_key" in changes:
         changes["api_key"] = body.api_key
