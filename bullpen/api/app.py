@@ -52,6 +52,11 @@ class BullpenApp(FastAPI):
                 return
         await super().__call__(scope, receive, send)
 
+    def build_middleware_stack(self) -> ASGIApp:
+        # Outside Starlette's error middleware too: every answer, a 413 or a 500 included,
+        # carries the security headers.
+        return SecurityHeaders(super().build_middleware_stack())
+
 
 API_ROUTERS: list[APIRouter] = [
     module.router
@@ -99,7 +104,6 @@ def create_app(settings: Settings) -> FastAPI:
     )
     problems.install(app)
 
-    app.add_middleware(SecurityHeaders)
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.max_body_bytes,
