@@ -101,6 +101,9 @@ def create_app(settings: Settings) -> FastAPI:
         version=__version__,
         summary="Control plane for teams of LLM agents",
         lifespan=lifespan,
+        # /docs is Bullpen's own page (routes/system.py); FastAPI's pages load from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     problems.install(app)
 
