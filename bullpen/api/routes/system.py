@@ -25,6 +25,7 @@ DOCS_PAGE = """<!doctype html>
 <head>
 <meta charset="utf-8">
 <title>Bullpen API</title>
+<link rel="icon" href="data:,">
 <link rel="stylesheet" href="/static/vendor/swagger-ui/swagger-ui.css">
 </head>
 <body>
