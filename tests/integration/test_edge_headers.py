@@ -65,6 +65,21 @@ async def test_authenticated_answers_are_not_stored_static_assets_may_be(
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_the_relays_direct_answers_carry_them_too(
+    server: RunningServer, client: aiohttp.ClientSession
+) -> None:
+    """The relay is served ahead of the middleware stack (`bullpen.api.direct`)."""
+    headers = {**server.auth, **HTTPS, "Content-Type": "application/json"}
+    async with client.post(
+        f"{server.base_url}/v1/chat/completions", data=b"{}", headers=headers
+    ) as resp:
+        assert resp.status == 422
+        assert resp.headers["Cache-Control"] == "no-store"
+        assert resp.headers["Strict-Transport-Security"] == "max-age=31536000"
+        assert "Content-Security-Policy" in resp.headers
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 async def test_hsts_over_https_only(server: RunningServer, client: aiohttp.ClientSession) -> None:
     for path in ("/healthz", "/login", "/static/style.css", "/nonexistent"):
         async with client.get(server.base_url + path, headers=HTTPS) as resp:
