@@ -104,23 +104,21 @@ def up(
 
     from bullpen import logs
     from bullpen.api.app import create_app
+    from bullpen.api.edge import server_config
 
     logs.configure()
     settings = _settings(data_dir, database_url, host=host, port=port)
     boot = uvloop.run(_bootstrap(settings))
     if not quiet:
         _banner(settings, boot, f"http://{settings.host}:{settings.port}")
-    config = uvicorn.Config(
+    config = server_config(
         create_app(settings),
+        settings,
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http="httptools",
-        access_log=False,
-        log_config=None,
         timeout_graceful_shutdown=5,
         backlog=4096,
-        forwarded_allow_ips=settings.forwarded_allow_ips,
     )
     uvicorn.Server(config).run()
 

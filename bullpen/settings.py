@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -37,6 +37,17 @@ class Settings(BaseSettings):
     # A stream client that takes no data for this long is dropped (it resumes with
     # Last-Event-ID): a reader that stopped reading holds nothing for long.
     sse_write_timeout_s: float = Field(default=30.0, gt=0)
+
+    # The HTTP edge (issue 19, finding 3), enforced before any app code runs: a request head
+    # (request line and headers) over this many bytes gets 431, one not complete within this
+    # many seconds of its first byte (or of the connection opening) gets 408, and beyond this
+    # many open connections a request gets 503. A reverse proxy may add tighter bounds.
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    header_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    max_connections: int = Field(default=10_000, ge=1)
+    # /metrics (issue 19, finding 9): besides an instance admin's API key, Prometheus may send
+    # `Authorization: Bearer <this token>`. Unset: only instance admins may scrape.
+    metrics_token: SecretStr | None = Field(default=None, min_length=16)
 
     # Identity and the API contract.
     rate_limit_key_rps: float = Field(default=50.0, gt=0)

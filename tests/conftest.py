@@ -18,6 +18,7 @@ import pytest
 import uvicorn
 
 from bullpen.api.app import create_app
+from bullpen.api.edge import server_config
 from bullpen.app import Services, open_store, utcnow
 from bullpen.services.bootstrap import Bootstrap, ensure_bootstrap
 from bullpen.services.secrets import load_secret
@@ -163,12 +164,11 @@ class RunningServer:
 
 async def start_server(settings: Settings) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
     """Serve create_app(settings) on an ephemeral port; returns (server, task, base URL)."""
-    config = uvicorn.Config(
+    config = server_config(
         create_app(settings),
+        settings,
         host="127.0.0.1",
         port=0,
-        log_config=None,
-        access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=2,
     )

@@ -52,6 +52,11 @@ class BullpenApp(FastAPI):
                 return
         await super().__call__(scope, receive, send)
 
+    def build_middleware_stack(self) -> ASGIApp:
+        # Outside Starlette's error middleware too: every answer, a 413 or a 500 included,
+        # carries the security headers.
+        return SecurityHeaders(super().build_middleware_stack())
+
 
 API_ROUTERS: list[APIRouter] = [
     module.router
@@ -96,10 +101,12 @@ def create_app(settings: Settings) -> FastAPI:
         version=__version__,
         summary="Control plane for teams of LLM agents",
         lifespan=lifespan,
+        # /docs is Bullpen's own page (routes/system.py); FastAPI's pages load from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     problems.install(app)
 
-    app.add_middleware(SecurityHeaders)
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.max_body_bytes,

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyCookie, APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from starlette.requests import HTTPConnection
 
 from bullpen.app import Services
 from bullpen.domain.access import Permission
@@ -19,17 +20,35 @@ from bullpen.errors import Forbidden, Unauthenticated, UnsupportedMediaType
 from bullpen.store import audit
 
 SESSION_COOKIE = "bullpen_session"
+# Over https the cookie is `__Host-` prefixed: browsers then take it only with Secure, Path=/
+# and no Domain, so a sibling host or a plain-http page cannot plant or shadow it. Plain http
+# (localhost) keeps the bare name, which is the only one read there.
+SECURE_SESSION_COOKIE = "__Host-" + SESSION_COOKIE
 CSRF_HEADER = "X-CSRF-Token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 SAFE_SITES = frozenset({"same-origin", "none"})
 
+
+def session_cookie_name(request: HTTPConnection) -> str:
+    """The session cookie's name for this request: `__Host-` prefixed over https."""
+    return SECURE_SESSION_COOKIE if request.url.scheme == "https" else SESSION_COOKIE
+
+
+class SessionCookie(APIKeyCookie):
+    """The session cookie under the name this request's scheme calls for."""
+
+    async def __call__(self, request: HTTPConnection) -> str | None:
+        return self.check_api_key(request.cookies.get(session_cookie_name(request)))
+
+
 bearer = HTTPBearer(auto_error=False, description="A Bullpen API key (`bp_…`).")
-session_cookie = APIKeyCookie(
+session_cookie = SessionCookie(
     name=SESSION_COOKIE,
     auto_error=False,
     description=(
-        "The web UI's session. Unsafe methods also need the session's CSRF token in "
-        f"`{CSRF_HEADER}` and must not be cross-site (Fetch Metadata)."
+        f"The web UI's session (`{SECURE_SESSION_COOKIE}` when served over https). Unsafe "
+        f"methods also need the session's CSRF token in `{CSRF_HEADER}` and must not be "
+        "cross-site (Fetch Metadata)."
     ),
 )
 csrf_header = APIKeyHeader(

@@ -45,5 +45,5 @@ class DirectEndpoint:
                 response = too_large(limit)
             except Exception as exc:
                 response = await problems.answer(request, exc)
-        response.raw_headers = secure(response.raw_headers)
+        response.raw_headers = secure(response.raw_headers, scope)
         await response(scope, receive, send)

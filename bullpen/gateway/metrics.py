@@ -14,7 +14,12 @@ _TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
 
 class GatewayMetrics:
-    """Counters and histograms by provider name; labelled children are cached per provider."""
+    """Counters and histograms by provider id; labelled children are cached per provider.
+
+    The `provider` label is the provider's id (its `key`: a UUID, or `builtin:simulated`),
+    never its name: names are a workspace's own words, and /metrics is read by the operator,
+    not the tenant; an id also keeps two workspaces' same-named providers apart.
+    """
 
     def __init__(self, registry: CollectorRegistry | None, breakers: Breakers) -> None:
         self.requests = Counter(
@@ -40,7 +45,7 @@ class GatewayMetrics:
             registry.register(_BreakerStates(breakers))
 
     def outcome(self, provider: str, outcome: str) -> None:
-        """Count one request to `provider` that ended with `outcome`."""
+        """Count one request to `provider` (its id) that ended with `outcome`."""
         self.requests.labels(provider, outcome).inc()
 
     def fell_back(self, provider: str, reason: str) -> None:
@@ -64,9 +69,6 @@ class _BreakerStates(Collector):
             "Circuit breaker per provider: 0 closed, 1 half-open (probing), 2 open (skipped)",
             labels=("provider",),
         )
-        worst: dict[str, int] = {}  # providers of two workspaces may share a name
-        for _key, name, breaker_state in self._breakers.states():
-            worst[name] = max(worst.get(name, 0), int(breaker_state))
-        for name, state in sorted(worst.items()):
-            family.add_metric((name,), float(state))
+        for key, _name, breaker_state in sorted(self._breakers.states()):
+            family.add_metric((key,), float(int(breaker_state)))
         yield family

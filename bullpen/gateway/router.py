@@ -123,7 +123,7 @@ class Router:
                 call.attempts.append(
                     Attempt(provider.name, target.model, "skipped", "breaker-open")
                 )
-                self._metrics.fell_back(provider.name, "breaker-open")
+                self._metrics.fell_back(provider.key, "breaker-open")
                 continue
             waited = False
             while True:
@@ -135,7 +135,7 @@ class Router:
                         yield batch
                 except ProviderError as err:
                     attempt.reason, attempt.detail = err.reason, err.detail
-                    self._metrics.outcome(provider.name, err.reason)
+                    self._metrics.outcome(provider.key, err.reason)
                     if call.delivered:
                         attempt.outcome = "incomplete"
                         breaker.failed() if err.transient else breaker.abandoned()
@@ -161,7 +161,7 @@ class Router:
                         waited = True
                         await asyncio.sleep(pause)
                         continue
-                    self._metrics.fell_back(provider.name, err.reason)
+                    self._metrics.fell_back(provider.key, err.reason)
                     break
                 except (asyncio.CancelledError, GeneratorExit):
                     # The caller went away (a cancelled run, a closed stream): no verdict on
@@ -172,7 +172,7 @@ class Router:
                 else:
                     attempt.outcome = "ok"
                     breaker.succeeded()
-                    self._metrics.outcome(provider.name, "ok")
+                    self._metrics.outcome(provider.key, "ok")
                     return
                 finally:
                     attempt.duration_ms = (loop.time() - attempt_started) * 1000
@@ -219,7 +219,7 @@ class Router:
                     call.served_by = target
                     call.ttft_s = loop.time() - call_started
                     attempt.ttft_ms = (exchange.ttft_s or 0.0) * 1000
-                    self._metrics.first_token(provider.name, exchange.ttft_s or 0.0)
+                    self._metrics.first_token(provider.key, exchange.ttft_s or 0.0)
                 elif loop.time() > deadline:
                     raise ProviderTimeout(
                         f"provider {provider.name!r} did not finish within its "

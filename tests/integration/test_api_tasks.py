@@ -306,7 +306,7 @@ async def test_healthz_metrics_and_openapi(
 ) -> None:
     async with http.get(f"{server.base_url}/healthz") as resp:
         assert resp.status == 200 and (await resp.json())["status"] == "ok"
-    async with http.get(f"{server.base_url}/metrics") as resp:
+    async with http.get(f"{server.base_url}/metrics", headers=server.auth) as resp:
         text = await resp.text()
     assert "process_resident_memory_bytes" in text and "bullpen_sse_subscribers" in text
     assert ("bullpen_db_pool_in_use" in text) == (not server.services.store.is_sqlite)

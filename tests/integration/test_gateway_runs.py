@@ -272,9 +272,13 @@ async def test_the_provider_key_appears_nowhere(
         "/api/v1/agents",
     ):
         await api("GET", path)
-    async with http.get(server.base_url + "/metrics") as resp:
+    async with http.get(server.base_url + "/metrics", headers=server.auth) as resp:
         metrics = await resp.text()
-    assert 'bullpen_gateway_fallbacks_total{provider="primary",reason="http-503"}' in metrics
+    [primary_id] = [p["id"] for p in listed.body["items"] if p["name"] == "primary"]
+    assert f'bullpen_gateway_fallbacks_total{{provider="{primary_id}",reason="http-503"}}' in (
+        metrics
+    )
+    assert 'provider="primary"' not in metrics  # a workspace's own names stay out of /metrics
     seen.append(metrics)
     # The pages a signed-in user sees.
     [admin] = await rows(server, sa.select(users.c.id))

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 import sqlalchemy as sa
 
-from bullpen.api.deps import SESSION_COOKIE
+from bullpen.api.deps import SECURE_SESSION_COOKIE, SESSION_COOKIE
 from bullpen.domain.principal import Role
 from bullpen.services.auth import hash_password
 from bullpen.store import identity
@@ -223,7 +223,11 @@ async def test_session_cookie_attributes(
         headers={"X-Forwarded-Proto": "https"},
     )
     assert resp.status == 303
-    assert session_cookie(resp)["secure"] is True
+    # `__Host-` prefixed: browsers take it only Secure, with Path=/ and no Domain.
+    assert SESSION_COOKIE not in resp.cookies
+    cookie = resp.cookies[SECURE_SESSION_COOKIE]
+    assert cookie["secure"] is True
+    assert (cookie["path"], cookie["domain"]) == ("/", "")
 
 
 async def test_password_change_ends_every_session(

@@ -12,7 +12,13 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
-from bullpen.api.deps import SESSION_COOKIE, ServicesDep, check_same_site
+from bullpen.api.deps import (
+    SECURE_SESSION_COOKIE,
+    SESSION_COOKIE,
+    ServicesDep,
+    check_same_site,
+    session_cookie_name,
+)
 from bullpen.api.schemas import TaskCreate
 from bullpen.app import Services
 from bullpen.errors import BullpenError, Forbidden, RateLimited, Unauthenticated
@@ -34,7 +40,7 @@ NOTICES = {"password": "Password changed. Sign in with your new password."}
 
 
 async def _session(request: Request, svc: Services) -> tuple[str, SessionPrincipal] | None:
-    session_id = request.cookies.get(SESSION_COOKIE)
+    session_id = request.cookies.get(session_cookie_name(request))
     if not session_id:
         return None
     try:
@@ -63,6 +69,10 @@ def _render(request: Request, name: str, status: int = 200, **context: Any) -> H
 
 def _end_session_cookie(response: Response) -> Response:
     response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="lax")
+    # Browsers take a `__Host-` cookie (this deletion too) only with Secure: ignored over http.
+    response.delete_cookie(
+        SECURE_SESSION_COOKIE, path="/", httponly=True, samesite="lax", secure=True
+    )
     return response
 
 
@@ -105,12 +115,12 @@ async def login(
         page = _render(request, "login.html", status=429, error=_wait_message(err))
         return _too_many(page, err)
     # A fresh id on every sign-in; whatever session this browser had before ends here.
-    old = request.cookies.get(SESSION_COOKIE)
+    old = request.cookies.get(session_cookie_name(request))
     if old:
         await svc.auth.sign_out(old)
     response = RedirectResponse("/", status_code=303)
     response.set_cookie(
-        SESSION_COOKIE,
+        session_cookie_name(request),
         session_id,
         max_age=int(svc.auth.session_ttl.total_seconds()),
         httponly=True,
