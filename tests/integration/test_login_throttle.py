@@ -78,6 +78,9 @@ async def test_fifty_bad_sign_ins_known_and_unknown_look_the_same(
     # Whether the account exists changes nothing a client sees: status and bytes alike.
     assert [(s, h) for s, h, _ in unknown] == [(s, h) for s, h, _ in known]
     assert [r is None for *_, r in unknown] == [r is None for *_, r in known]
+    # Nor what the server spends: an unknown email is checked against a dummy hash of the same
+    # cost, and neither is checked at all once refused.
+    assert server.services.auth.passwords.verified == 2 * limit
 
     # Locked means locked: the right password does not get through now either.
     status, html, retry_after = await attempt(

@@ -128,10 +128,9 @@ def _login_page(
     error: str | None = None,
     notice: str | None = None,
 ) -> HTMLResponse:
-    """The sign-in form, with this browser's nonce cookie (kept, or a new one) and its token."""
-    nonce = _login_nonce(request)
-    fresh = nonce is None
-    nonce = nonce or tokens.new_session_id()
+    """The sign-in form, with this browser's nonce cookie (kept, or a new one; its lifetime
+    renewed) and its token."""
+    nonce = _login_nonce(request) or tokens.new_session_id()
     page = _render(
         request,
         "login.html",
@@ -140,17 +139,16 @@ def _login_page(
         notice=notice,
         login_csrf=svc.auth.login_token(nonce),
     )
-    if fresh:
-        page.set_cookie(
-            LOGIN_COOKIE,
-            nonce,
-            max_age=LOGIN_COOKIE_MAX_AGE_S,
-            httponly=True,
-            # Never sent with a request another site starts, not even a top-level POST.
-            samesite="strict",
-            secure=request.url.scheme == "https",
-            path="/login",
-        )
+    page.set_cookie(
+        LOGIN_COOKIE,
+        nonce,
+        max_age=LOGIN_COOKIE_MAX_AGE_S,
+        httponly=True,
+        # Never sent with a request another site starts, not even a top-level POST.
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/login",
+    )
     return page
 
 
