@@ -31,6 +31,7 @@ from bullpen.services.auth import AuthService
 from bullpen.services.bootstrap import SIMULATED_MODEL, SIMULATED_PROVIDER
 from bullpen.services.gateway import Directory, UsageLedger
 from bullpen.services.housekeeping import Housekeeper, Retention
+from bullpen.services.passwords import HashCost, PasswordPool
 from bullpen.services.ratelimit import CallerLimits, FailureWindow, Slots, TokenBuckets
 from bullpen.services.routines import RoutineService, Scheduler
 from bullpen.services.secrets import SecretBox, load_secret
@@ -133,6 +134,8 @@ async def build(
                     builtin=True,  # the operator's: not subject to the outbound guard
                 )
             )
+        # Issue 19, finding 1: every argon2 call on a bounded pool of its own.
+        passwords = stack.enter_context(password_pool(settings))
         bus = await open_bus(settings, stack)
         feeds = Feeds(store, bus.hub, poll_s=settings.workspace_poll_s)
         stack.push_async_callback(feeds.close)
@@ -282,6 +285,7 @@ async def build(
                     limit=settings.login_max_failures_per_client, window_s=settings.login_window_s
                 ),
                 session_ttl=timedelta(seconds=settings.session_ttl_s),
+                passwords=passwords,
                 key_cache_s=settings.api_key_cache_s,
             ),
             tasks=TaskService(
@@ -317,6 +321,18 @@ async def build(
             clock=clock,
             simulator=simulator,
         )
+
+
+def password_pool(settings: Settings) -> PasswordPool:
+    """The pool password hashes are made and checked on, at the configured cost."""
+    cost = HashCost(
+        memory_kib=settings.password_hash_memory_kib,
+        time_cost=settings.password_hash_time_cost,
+        parallelism=settings.password_hash_parallelism,
+    )
+    return PasswordPool(
+        cost, threads=settings.password_hash_threads, queue=settings.password_hash_queue
+    )
 
 
 def bus_kind(settings: Settings) -> str:

@@ -8,6 +8,9 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# Issue 19, SE-3: OWASP Password Storage Cheat Sheet, argon2id minimums (iterations -> KiB).
+_OWASP_ARGON2ID_FLOOR = {1: 47_104, 2: 19_456, 3: 12_288, 4: 9_216, 5: 7_168}
+
 
 def default_data_dir() -> Path:
     """Where the embedded default keeps its database and secrets."""
@@ -57,6 +60,15 @@ class Settings(BaseSettings):
     login_max_failures: int = Field(default=5, ge=1)
     login_max_failures_per_client: int = Field(default=50, ge=1)
     login_window_s: float = Field(default=900.0, gt=0)
+    # Issue 19, finding 1 and SE-3: the cost of password hashes, and the pool every argon2 call
+    # runs on. New hashes are argon2id at this cost (at or above OWASP's floor, checked below);
+    # a stored hash of another cost is re-made at its owner's next sign-in. `threads` hashes
+    # run at once (each holding `memory_kib`), `queue` more wait; beyond, 503 + Retry-After.
+    password_hash_memory_kib: int = Field(default=19_456, ge=7_168, le=4 * 1024 * 1024)
+    password_hash_time_cost: int = Field(default=2, ge=1, le=100)
+    password_hash_parallelism: int = Field(default=1, ge=1, le=64)
+    password_hash_threads: int = Field(default=1, ge=1, le=256)
+    password_hash_queue: int = Field(default=16, ge=0, le=100_000)
     idempotency_ttl_s: float = Field(default=86_400.0, ge=60)
     session_ttl_s: float = Field(default=7 * 86_400.0, ge=60)
     housekeeping_interval_s: float = Field(default=300.0, gt=0)
@@ -177,6 +189,19 @@ class Settings(BaseSettings):
         if value.startswith(("sqlite:///", "sqlite+pysqlite:///")):
             return "sqlite:///" + value.split(":///", 1)[1]
         raise ValueError("database_url must be postgresql://… or sqlite:///path")
+
+    @model_validator(mode="after")
+    def _check_password_cost(self) -> Settings:
+        # OWASP's argon2id configurations (memory KiB for each iteration count), all
+        # equivalent; more iterations than the table lists need its smallest memory.
+        memory, passes = self.password_hash_memory_kib, self.password_hash_time_cost
+        needed = _OWASP_ARGON2ID_FLOOR.get(passes, min(_OWASP_ARGON2ID_FLOOR.values()))
+        if memory < needed:
+            raise ValueError(
+                f"password hashing below OWASP's argon2id floor: {passes} pass(es) need at"
+                f" least {needed} KiB of memory (BULLPEN_PASSWORD_HASH_MEMORY_KIB)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_bus(self) -> Settings:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import time
 from collections.abc import Callable
@@ -10,22 +9,21 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from argon2 import PasswordHasher
-from argon2.exceptions import InvalidHashError, VerificationError
-
 from bullpen.domain import tokens
 from bullpen.domain.access import AGENT_PERMISSIONS, ROLE_PERMISSIONS, effective, parse_scopes
 from bullpen.domain.principal import Principal
-from bullpen.errors import Unauthenticated
+from bullpen.errors import RateLimited, Unauthenticated, Unavailable
+from bullpen.services.passwords import HashCost, PasswordPool
 from bullpen.services.ratelimit import FailureWindow
 from bullpen.store import identity
 from bullpen.store.base import Store
 
 _KEY_CACHE_MAX = 10_000
 _TOUCH_EVERY = timedelta(seconds=60)  # last_used_at precision; keeps writes off the hot path
+_LOGIN_NONCE_MAX = 128
 
-# RFC 9106's second recommended profile (64 MiB, t=3, p=4), above OWASP's argon2id floor.
-PASSWORDS = PasswordHasher(time_cost=3, memory_cost=64 * 1024, parallelism=4)
+# The default cost (argon2id, OWASP's floor); a server hashes at its configured cost.
+PASSWORDS = HashCost().hasher()
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +35,7 @@ class SessionPrincipal:
 
 
 def hash_password(password: str) -> str:
-    """An argon2id hash of a password (blocking: call in a thread on the event loop)."""
+    """An argon2id hash of a password at the default cost (blocking: call in a thread)."""
     return PASSWORDS.hash(password)
 
 
@@ -53,12 +51,15 @@ class AuthService:
         login_failures: FailureWindow,
         login_failures_per_client: FailureWindow,
         session_ttl: timedelta,
+        passwords: PasswordPool,
         key_cache_s: float = 0.0,
     ) -> None:
         self._store = store
         self._secret = secret
         self._clock = clock
-        self._dummy_hash = PASSWORDS.hash("not-a-real-password")
+        self.passwords = passwords
+        # At the configured cost, like every current stored hash: both paths cost the same.
+        self._dummy_hash = passwords.hash_now("not-a-real-password")
         self._by_email = login_failures
         self._by_client = login_failures_per_client
         self.session_ttl = session_ttl
@@ -145,22 +146,37 @@ class AuthService:
         """Check a password and open a new session; returns the session id for the cookie.
 
         Failures are counted per email (known or not, so the answer never tells which) and
-        per client address; past the threshold the answer is RateLimited with a wait.
+        per client address; past the threshold the answer is RateLimited with a wait. An
+        attempt counts from the moment it arrives, so concurrent ones cannot outrun the count;
+        a successful one is refunded. A full password pool is Unavailable (nothing counted).
         """
         email = email.strip().lower()[:320]
-        self._by_email.check(email)
-        self._by_client.check(client)
+        self._by_email.take(email)
+        try:
+            self._by_client.take(client)
+        except RateLimited:
+            self._by_email.release(email)
+            raise
+        try:
+            return await self._sign_in(email, password[:1024], client)
+        finally:
+            self._by_email.release(email)
+            self._by_client.release(client)
+
+    async def _sign_in(self, email: str, password: str, client: str) -> str:
+        self.passwords.admit()  # a full pool turns the attempt away before the store is read
         async with self._store.read() as conn:
             user = await identity.find_user_for_login(conn, email)
             membership = await identity.first_membership(conn, user.id) if user else None
         stored = user.password_hash if user is not None else self._dummy_hash
         # Verify even for unknown users so both cases cost the same.
-        ok = await asyncio.to_thread(_verify, stored, password[:1024])
+        ok = await self.passwords.verify(stored, password)
         if user is None or not ok or membership is None:
             self._by_email.fail(email)
             self._by_client.fail(client)
             raise Unauthenticated("wrong email or password")
         self._by_email.reset(email)
+        rehashed = await self._rehash(stored, password)
         session_id = tokens.new_session_id()
         now = self._clock()
         async with self._store.write() as conn:
@@ -172,7 +188,26 @@ class AuthService:
                 now=now,
                 expires_at=now + self.session_ttl,
             )
+            if rehashed is not None:
+                await identity.replace_password_hash(conn, user.id, stored, rehashed)
         return session_id
+
+    async def _rehash(self, stored: str, password: str) -> str | None:
+        """A hash at the configured cost when `stored` was made at another, else None.
+
+        Only now, with the password proven, can it be hashed anew; a busy pool leaves it for
+        the next sign-in.
+        """
+        if not self.passwords.needs_rehash(stored):
+            return None
+        try:
+            return await self.passwords.hash(password)
+        except Unavailable:
+            return None
+
+    async def hash_password(self, password: str) -> str:
+        """A new hash of `password` at the configured cost, on the password pool."""
+        return await self.passwords.hash(password)
 
     async def verify_password(self, user_id: UUID, password: str) -> bool:
         """Whether `password` is the user's current one (for a password change).
@@ -180,15 +215,18 @@ class AuthService:
         Wrong guesses count against the same failure window as sign-ins (RateLimited after it).
         """
         attempt = f"user:{user_id}"
-        self._by_email.check(attempt)
-        async with self._store.read() as conn:
-            stored = await identity.password_hash(conn, user_id)
-        ok = stored is not None and await asyncio.to_thread(_verify, stored, password[:1024])
-        if ok:
-            self._by_email.reset(attempt)
-        else:
-            self._by_email.fail(attempt)
-        return ok
+        self._by_email.take(attempt)
+        try:
+            async with self._store.read() as conn:
+                stored = await identity.password_hash(conn, user_id)
+            ok = stored is not None and await self.passwords.verify(stored, password[:1024])
+            if ok:
+                self._by_email.reset(attempt)
+            else:
+                self._by_email.fail(attempt)
+            return ok
+        finally:
+            self._by_email.release(attempt)
 
     async def sign_out(self, session_id: str) -> None:
         """End a session (unknown ids are ignored)."""
@@ -203,9 +241,14 @@ class AuthService:
         """Whether a submitted CSRF token belongs to this session (constant time)."""
         return hmac.compare_digest(self.csrf_token(session_id), token)
 
+    def login_token(self, nonce: str) -> str:
+        """The sign-in form's CSRF token for a browser's pre-session nonce (its cookie)."""
+        return tokens.digest(self._secret, "login-csrf:" + nonce).hex()
 
-def _verify(stored: str, password: str) -> bool:
-    try:
-        return PASSWORDS.verify(stored, password)
-    except (VerificationError, InvalidHashError):
-        return False
+    def check_login_token(self, nonce: str, token: str) -> bool:
+        """Whether a sign-in form's token belongs to the nonce its browser sent (constant
+        time); any other token, or none, is False."""
+        if not nonce or len(nonce) > _LOGIN_NONCE_MAX or not token:
+            return False
+        expected = self.login_token(nonce).encode()
+        return hmac.compare_digest(expected, token.encode("utf-8", "replace"))

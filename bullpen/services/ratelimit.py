@@ -49,7 +49,12 @@ class TokenBuckets:
 
 
 class FailureWindow:
-    """Counts failures per key over a sliding window; refuses once `limit` is reached."""
+    """Counts failures per key over a sliding window; refuses once `limit` is reached.
+
+    An attempt whose outcome is not known yet counts as a failure from the moment it is taken
+    (`take`) until it is released: a burst of attempts that arrive together gets `limit` of
+    them through, not every one that came before the first failure was recorded.
+    """
 
     def __init__(
         self, *, limit: int, window_s: float, clock: Callable[[], float] = time.monotonic
@@ -57,17 +62,32 @@ class FailureWindow:
         self._limit = limit
         self._window = window_s
         self._failures: OrderedDict[str, list[float]] = OrderedDict()
+        self._pending: dict[str, int] = {}  # attempts taken, not yet released
         self._clock = clock
 
     def check(self, key: str) -> None:
-        """Raise RateLimited if `key` has failed `limit` times within the window."""
+        """Raise RateLimited if `key`'s failures and pending attempts reach `limit`."""
         now = self._clock()
-        recent = self._recent(key, now)
-        if len(recent) >= self._limit:
+        # Pending attempts are counted as failures made now (the worst case).
+        counted = self._recent(key, now) + [now] * self._pending.get(key, 0)
+        if len(counted) >= self._limit:
             raise RateLimited(
                 "too many failed sign-ins; wait before trying again",
-                retry_after=recent[0] + self._window - now,
+                retry_after=self._window - (now - counted[len(counted) - self._limit]),
             )
+
+    def take(self, key: str) -> None:
+        """Check `key`, then count one attempt of it as pending until `release`."""
+        self.check(key)
+        self._pending[key] = self._pending.get(key, 0) + 1
+
+    def release(self, key: str) -> None:
+        """End a pending attempt (after `fail` or `reset` said how it went, or refunded)."""
+        left = self._pending.get(key, 0) - 1
+        if left > 0:
+            self._pending[key] = left
+        else:
+            self._pending.pop(key, None)
 
     def fail(self, key: str) -> None:
         """Record one failure of `key`."""
@@ -80,7 +100,7 @@ class FailureWindow:
             self._failures.popitem(last=False)
 
     def reset(self, key: str) -> None:
-        """Forget `key`'s failures (after a successful sign-in)."""
+        """Forget `key`'s failures (after a successful sign-in); pending attempts still count."""
         self._failures.pop(key, None)
 
     def _recent(self, key: str, now: float) -> list[float]:

@@ -44,10 +44,16 @@ class UserService:
         clock: Callable[[], datetime],
         *,
         verify_password: Callable[[UUID, str], Awaitable[bool]],
+        hash_password: Callable[[str], Awaitable[str]] = hash_new_password,
     ) -> None:
         self._store = store
         self._clock = clock
         self._verify_password = verify_password
+        self._hash_password = hash_password
+
+    async def new_password_hash(self, password: str) -> str:
+        """The hash a new password is stored as (on the password pool when given one)."""
+        return await self._hash_password(password)
 
     async def me(self, principal: Principal) -> tuple[Any, Role]:
         """The calling user and its role in the current workspace."""
@@ -64,7 +70,7 @@ class UserService:
         if not await self._verify_password(user_id, current):
             # One answer for every mismatch (wrong password, disabled account).
             raise Forbidden("the current password is not correct")
-        password_hash = await hash_new_password(new)
+        password_hash = await self._hash_password(new)
         now = self._clock()
         async with self._store.write() as conn:
             await user_store.set_password_hash(conn, user_id, password_hash)
@@ -103,7 +109,7 @@ class UserService:
         password_hash: str,
         is_instance_admin: bool,
     ) -> Any:
-        """Create a user (a member of no workspace yet); `password_hash` from hash_new_password."""
+        """Create a user (a member of no workspace yet); `password_hash` from new_password_hash."""
         need_instance_admin(principal)
         email = email.lower()
         now = self._clock()

@@ -210,6 +210,17 @@ async def password_hash(conn: Connection, user_id: UUID) -> str | None:
     return str(row.password_hash) if row else None
 
 
+async def replace_password_hash(conn: Connection, user_id: UUID, old: str, new: str) -> bool:
+    """Store `new` as the user's hash if `old` is still the stored one (a password changed
+    meanwhile is kept); whether it was stored."""
+    result = await conn.execute(
+        users.update()
+        .where(users.c.id == user_id, users.c.password_hash == old)
+        .values(password_hash=new)
+    )
+    return int(result.rowcount) == 1
+
+
 async def first_membership(conn: Connection, user_id: UUID) -> tuple[UUID, Role] | None:
     """The user's oldest workspace membership (the UI's default workspace)."""
     row = (

@@ -19,9 +19,13 @@ from bullpen.store.tables import tasks
 from tests.conftest import RunningServer
 from tests.integration.db import count
 from tests.integration.test_sessions import (
+    HIDDEN,
     SAME_ORIGIN,
+    LoginForm,
     is_live,
+    login_form,
     post_login,
+    session_cookie,
     sign_in,
     with_session,
 )
@@ -201,3 +205,46 @@ async def test_cross_site_sign_in_is_refused(
     )
     await assert_forbidden(resp, "cross-site sign-in")
     assert SESSION_COOKIE not in resp.cookies
+
+
+# The sign-in form is checked before the store is touched, whatever the store.
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_sign_in_form_needs_the_token_of_this_browsers_page(
+    server: RunningServer, client: aiohttp.ClientSession
+) -> None:
+    """Finding 9: login CSRF relied on Fetch Metadata alone, so a browser that sends none (or a
+    request that leaves it out) could be signed into the attacker's account by a forged form.
+    The page sets a pre-session cookie and carries the matching token in the form."""
+    email, password = server.boot.email, server.boot.password or ""
+    mine, theirs = await login_form(client, server), await login_form(client, server)
+    forged: list[tuple[LoginForm, dict[str, str], str]] = [
+        (LoginForm({}, {}), {}, "no cookie, no token, no Fetch Metadata"),
+        (LoginForm({}, {}), SAME_ORIGIN, "no cookie, no token"),
+        (LoginForm(mine.cookies, {}), SAME_ORIGIN, "no token"),
+        (LoginForm({}, mine.hidden), SAME_ORIGIN, "a token without its cookie"),
+        (LoginForm(mine.cookies, theirs.hidden), SAME_ORIGIN, "another page's token"),
+        (LoginForm(mine.cookies, {"csrf": "é" * 64}), SAME_ORIGIN, "a non-ASCII token"),
+    ]
+    fresh: list[LoginForm] = []
+    for form, headers, case in forged:
+        resp, html = await post_login(client, server, email, password, headers, form)
+        assert resp.status == 403, (case, resp.status)
+        assert SESSION_COOKIE not in resp.cookies, case
+        assert "This sign-in form has expired. Please sign in again." in html, case
+        fresh.append(
+            LoginForm(
+                {name: morsel.value for name, morsel in resp.cookies.items()} or form.cookies,
+                dict(HIDDEN.findall(html)),
+            )
+        )
+    assert server.services.auth.passwords.verified == 0  # no password was even checked
+    # Each page its own pair: a token is worth nothing without its own browser's cookie.
+    assert mine.cookies and mine.hidden.get("csrf")
+    assert mine.cookies != theirs.cookies and mine.hidden != theirs.hidden
+
+    # A refusal shows a fresh form (a person just submits again), and the page's own still
+    # works: what was refused was the forgery, not this browser.
+    for form in (fresh[0], fresh[-1], mine):
+        resp, _ = await post_login(client, server, email, password, SAME_ORIGIN, form)
+        assert resp.status == 303
+        assert session_cookie(resp).value

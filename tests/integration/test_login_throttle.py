@@ -6,9 +6,11 @@ store does for a sign-in runs on both backends in test_sessions.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -16,7 +18,7 @@ import pytest
 
 from bullpen.api.deps import SESSION_COOKIE
 from tests.conftest import RunningServer
-from tests.integration.test_sessions import post_login
+from tests.integration.test_sessions import LoginForm, login_form, post_login
 
 pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 
@@ -38,11 +40,12 @@ async def attempt(
     email: str,
     password: str = WRONG,
     via: str | None = None,
+    form: LoginForm | None = None,
 ) -> tuple[int, str, str | None]:
     """One sign-in (from client address `via`); returns status, HTML and Retry-After."""
     # uvicorn takes X-Forwarded-For from 127.0.0.1 as a reverse proxy's word for the client.
     headers = {"X-Forwarded-For": via} if via else None
-    resp, html = await post_login(client, server, email, password, headers)
+    resp, html = await post_login(client, server, email, password, headers, form)
     if resp.status != 303:
         assert SESSION_COOKIE not in resp.cookies
     return resp.status, html, resp.headers.get("Retry-After")
@@ -63,8 +66,9 @@ async def test_fifty_bad_sign_ins_known_and_unknown_look_the_same(
 ) -> None:
     limit = server.settings.login_max_failures
     assert limit == 5  # the documented default
-    known = [await attempt(client, server, server.boot.email) for _ in range(50)]
-    unknown = [await attempt(client, server, UNKNOWN) for _ in range(50)]
+    form = await login_form(client, server)  # one browser, so one form token throughout
+    known = [await attempt(client, server, server.boot.email, form=form) for _ in range(50)]
+    unknown = [await attempt(client, server, UNKNOWN, form=form) for _ in range(50)]
 
     for status, html, retry_after in known[:limit]:
         assert (status, retry_after) == (401, None)
@@ -74,12 +78,60 @@ async def test_fifty_bad_sign_ins_known_and_unknown_look_the_same(
     # Whether the account exists changes nothing a client sees: status and bytes alike.
     assert [(s, h) for s, h, _ in unknown] == [(s, h) for s, h, _ in known]
     assert [r is None for *_, r in unknown] == [r is None for *_, r in known]
+    # Nor what the server spends: an unknown email is checked against a dummy hash of the same
+    # cost, and neither is checked at all once refused.
+    assert server.services.auth.passwords.verified == 2 * limit
 
     # Locked means locked: the right password does not get through now either.
     status, html, retry_after = await attempt(
         client, server, server.boot.email, server.boot.password or ""
     )
     assert_refused_for_now(status, html, retry_after, server.settings.login_window_s)
+
+
+async def test_concurrent_wrong_passwords_get_no_more_verifies_than_the_limit(
+    server: RunningServer, client: aiohttp.ClientSession
+) -> None:
+    """Finding 1: the limit held only for attempts that came after a failure was recorded, so
+    a burst that arrived together was verified whole (40 of 40 got 401, none 429)."""
+    limit, burst = server.settings.login_max_failures, 100
+    form = await login_form(client, server)  # one browser's page, submitted 100 times at once
+    results = await asyncio.gather(
+        *(attempt(client, server, server.boot.email, form=form) for _ in range(burst))
+    )
+
+    assert Counter(status for status, *_ in results) == {401: limit, 429: burst - limit}
+    for status, html, retry_after in results:
+        if status == 429:
+            assert_refused_for_now(status, html, retry_after, server.settings.login_window_s)
+    # Refused attempts cost no argon2 at all: only the `limit` admitted ones were verified.
+    assert server.services.auth.passwords.verified == limit
+    # And the account stays locked for the right password too.
+    status, *_ = await attempt(client, server, server.boot.email, server.boot.password or "")
+    assert status == 429
+
+
+@pytest.mark.with_settings(login_max_failures=3)
+async def test_right_password_among_concurrent_guesses_is_refused_once_the_limit_is_taken(
+    server: RunningServer, client: aiohttp.ClientSession
+) -> None:
+    """The issue's case: the right password as the 30th of 30 concurrent guesses signed in.
+
+    The 29 wrong guesses go first; once every admitted slot is held (some answered 429), the
+    right password comes while their verifies may still run, and must be refused as well.
+    """
+    limit, email = server.settings.login_max_failures, server.boot.email
+    form = await login_form(client, server)
+    guesses = [asyncio.ensure_future(attempt(client, server, email, form=form)) for _ in range(29)]
+    # A 429 is only given once `limit` attempts are counted, so it marks the moment.
+    for done in asyncio.as_completed(guesses):
+        if (await done)[0] == 429:
+            break
+    right = await attempt(client, server, email, server.boot.password or "", form=form)
+    results = [*(await asyncio.gather(*guesses)), right]
+
+    assert right[0] == 429
+    assert Counter(status for status, *_ in results) == {401: limit, 429: 30 - limit}
 
 
 @pytest.mark.with_settings(login_max_failures=2)

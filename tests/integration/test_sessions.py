@@ -7,7 +7,9 @@ session cookie the test hands it, the way a browser (or an attacker holding a co
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from http.cookies import Morsel
 from uuid import UUID
 
@@ -23,6 +25,7 @@ from bullpen.store.tables import audit_events, users
 from tests.conftest import RunningServer
 
 SAME_ORIGIN = {"Sec-Fetch-Site": "same-origin"}
+HIDDEN = re.compile(r'<input type="hidden" name="([^"]+)" value="([^"]*)"')
 PASSWORD = "correct horse battery staple"
 
 
@@ -38,18 +41,46 @@ def with_session(session_id: str, **headers: str) -> dict[str, str]:
     return {"Cookie": f"{SESSION_COOKIE}={session_id}", **headers}
 
 
+@dataclass(frozen=True)
+class LoginForm:
+    """What the sign-in page hands a browser: the cookies it sets and the form's hidden fields."""
+
+    cookies: dict[str, str]
+    hidden: dict[str, str]
+
+    def cookie_header(self, sent: str | None) -> dict[str, str]:
+        """A `Cookie` header with the page's cookies after those a test sends itself."""
+        pairs = [sent] if sent else []
+        pairs += [f"{name}={value}" for name, value in self.cookies.items()]
+        return {"Cookie": "; ".join(pairs)} if pairs else {}
+
+
+async def login_form(client: aiohttp.ClientSession, server: RunningServer) -> LoginForm:
+    """Open the sign-in page as a browser would before submitting it."""
+    async with client.get(f"{server.base_url}/login", headers=SAME_ORIGIN) as resp:
+        assert resp.status == 200
+        html = await resp.text()
+        cookies = {name: morsel.value for name, morsel in resp.cookies.items()}
+    return LoginForm(cookies, dict(HIDDEN.findall(html)))
+
+
 async def post_login(
     client: aiohttp.ClientSession,
     server: RunningServer,
     email: str,
     password: str,
     headers: dict[str, str] | None = None,
+    form: LoginForm | None = None,
 ) -> tuple[aiohttp.ClientResponse, str]:
-    """Submit the sign-in form as the page would; returns the response and its HTML."""
+    """Submit the sign-in form as the page would (opened first, unless `form` is given: one
+    browser's page, reused); returns the response and its HTML."""
+    form = form or await login_form(client, server)
+    sent = {**SAME_ORIGIN, **(headers or {})}
+    sent.update(form.cookie_header(sent.pop("Cookie", None)))
     async with client.post(
         f"{server.base_url}/login",
-        data={"email": email, "password": password},
-        headers={**SAME_ORIGIN, **(headers or {})},
+        data={**form.hidden, "email": email, "password": password},
+        headers=sent,
         allow_redirects=False,
     ) as resp:
         return resp, await resp.text()
@@ -113,9 +144,16 @@ async def is_live(client: aiohttp.ClientSession, server: RunningServer, session_
     return False
 
 
-async def add_user(server: RunningServer, email: str, password: str) -> UUID:
-    """A member of the bootstrap workspace who can sign in with `password`."""
-    password_hash = await asyncio.to_thread(hash_password, password)
+async def add_user(
+    server: RunningServer,
+    email: str,
+    password: str,
+    role: Role = Role.MEMBER,
+    password_hash: str | None = None,
+) -> UUID:
+    """A member of the bootstrap workspace (with `role`) who can sign in with `password`
+    (stored as `password_hash` when given)."""
+    password_hash = password_hash or await asyncio.to_thread(hash_password, password)
     now = server.services.clock()
     async with server.services.store.write() as conn:
         user_id = await identity.create_user(
@@ -127,7 +165,7 @@ async def add_user(server: RunningServer, email: str, password: str) -> UUID:
             now=now,
         )
         await identity.add_member(
-            conn, workspace_id=server.boot.workspace_id, user_id=user_id, role=Role.MEMBER, now=now
+            conn, workspace_id=server.boot.workspace_id, user_id=user_id, role=role, now=now
         )
     return user_id
 

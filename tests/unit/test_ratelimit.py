@@ -85,3 +85,28 @@ def test_failures_lock_out_until_the_window_passes() -> None:
         window.check("e")
     window.reset("e")
     window.check("e")
+
+
+def test_pending_attempts_count_until_released() -> None:
+    clock = Clock()
+    window = FailureWindow(limit=3, window_s=60, clock=clock)
+    for _ in range(3):
+        window.take("e")  # three at once, none answered yet
+    with pytest.raises(RateLimited) as refused:
+        window.take("e")
+    # Pending ones count as failures made now: the worst case, a whole window.
+    assert refused.value.retry_after == pytest.approx(60)
+    window.take("other")  # per key
+
+    window.fail("e")
+    window.release("e")  # one failed: still three counted
+    with pytest.raises(RateLimited):
+        window.take("e")
+    window.reset("e")  # another succeeded: the failure goes, the two pending ones stay
+    window.take("e")
+    with pytest.raises(RateLimited):
+        window.take("e")
+    for _ in range(3):
+        window.release("e")  # refunded: nothing recorded
+    assert window._pending == {"other": 1}
+    window.check("e")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any
 from uuid import UUID
@@ -16,12 +17,14 @@ from bullpen.api.deps import (
     SECURE_SESSION_COOKIE,
     SESSION_COOKIE,
     ServicesDep,
+    audit_denial,
     check_same_site,
     session_cookie_name,
 )
 from bullpen.api.schemas import TaskCreate
 from bullpen.app import Services
-from bullpen.errors import BullpenError, Forbidden, RateLimited, Unauthenticated
+from bullpen.domain import tokens
+from bullpen.errors import BullpenError, Forbidden, RateLimited, Unauthenticated, Unavailable
 from bullpen.services.auth import SessionPrincipal
 from bullpen.services.users import UserService
 from bullpen.store import agents as agent_store
@@ -38,8 +41,25 @@ PASSWORD_MIN, PASSWORD_MAX = 12, 1024
 # Notices the sign-in page shows for `?done=<key>`: fixed texts, never reflected input.
 NOTICES = {"password": "Password changed. Sign in with your new password."}
 
+# Issue 19, finding 9 (login CSRF): before there is a session, the sign-in page gives the
+# browser a random nonce in this cookie and the form a token derived from it (HMAC with the
+# server's secret); a sign-in must bring both, matching, on top of Fetch Metadata.
+LOGIN_COOKIE = "bullpen_login"
+LOGIN_COOKIE_MAX_AGE_S = 86_400
+_NONCE = re.compile(r"[A-Za-z0-9_-]{43}")  # tokens.new_session_id()'s shape
+EXPIRED_FORM = "This sign-in form has expired. Please sign in again."
+BUSY = "Sign-in is busy right now. Try again in a moment."
+
 
 async def _session(request: Request, svc: Services) -> tuple[str, SessionPrincipal] | None:
+    """The signed-in user of a page request, admitted as the API would (rate limits)."""
+    found = await _signed_in(request, svc)
+    if found is not None:
+        _admit(request, svc, found[1])
+    return found
+
+
+async def _signed_in(request: Request, svc: Services) -> tuple[str, SessionPrincipal] | None:
     session_id = request.cookies.get(session_cookie_name(request))
     if not session_id:
         return None
@@ -47,6 +67,14 @@ async def _session(request: Request, svc: Services) -> tuple[str, SessionPrincip
         return session_id, await svc.auth.authenticate_session(session_id)
     except Unauthenticated:
         return None
+
+
+def _admit(request: Request, svc: Services, who: SessionPrincipal) -> None:
+    """What the API does for every caller: spend its request budget (the same buckets as its
+    API calls) and name it, so a refusal it then gets is audited."""
+    principal = who.principal
+    svc.limits.take(principal.scope_id, str(principal.workspace_id))
+    request.state.principal = principal
 
 
 async def _form_session(
@@ -57,10 +85,18 @@ async def _form_session(
     A post from another site, or without the session's own CSRF token, is Forbidden.
     """
     check_same_site(request)
-    found = await _session(request, svc)
-    if found is not None and not svc.auth.check_csrf(found[0], csrf):
-        raise Forbidden("missing or wrong CSRF token")
+    found = await _signed_in(request, svc)
+    if found is not None:
+        if not svc.auth.check_csrf(found[0], csrf):
+            raise Forbidden("missing or wrong CSRF token")
+        _admit(request, svc, found[1])
     return found
+
+
+async def _refused(request: Request, err: BullpenError) -> None:
+    """Audit a 403 that a form shows on its own page, as the API's error handler would."""
+    if err.status == 403:
+        await audit_denial(request, err.detail)
 
 
 def _render(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
@@ -81,7 +117,7 @@ def _too_many(page: HTMLResponse, err: RateLimited) -> HTMLResponse:
     return page
 
 
-def _wait_s(err: RateLimited) -> int:
+def _wait_s(err: BullpenError) -> int:
     return max(1, math.ceil(err.retry_after or 1))
 
 
@@ -90,10 +126,47 @@ def _wait_message(err: RateLimited) -> str:
     return f"Too many failed attempts. Try again in {minutes} minute{'s' * (minutes != 1)}."
 
 
+def _login_nonce(request: Request) -> str | None:
+    nonce = request.cookies.get(LOGIN_COOKIE, "")
+    return nonce if _NONCE.fullmatch(nonce) else None
+
+
+def _login_page(
+    request: Request,
+    svc: Services,
+    *,
+    status: int = 200,
+    error: str | None = None,
+    notice: str | None = None,
+) -> HTMLResponse:
+    """The sign-in form, with this browser's nonce cookie (kept, or a new one; its lifetime
+    renewed) and its token."""
+    nonce = _login_nonce(request) or tokens.new_session_id()
+    page = _render(
+        request,
+        "login.html",
+        status=status,
+        error=error,
+        notice=notice,
+        login_csrf=svc.auth.login_token(nonce),
+    )
+    page.set_cookie(
+        LOGIN_COOKIE,
+        nonce,
+        max_age=LOGIN_COOKIE_MAX_AGE_S,
+        httponly=True,
+        # Never sent with a request another site starts, not even a top-level POST.
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/login",
+    )
+    return page
+
+
 @router.get("/login", response_class=HTMLResponse)
-async def login_page(request: Request, done: str = "") -> HTMLResponse:
+async def login_page(request: Request, svc: ServicesDep, done: str = "") -> HTMLResponse:
     """The sign-in form."""
-    return _render(request, "login.html", error=None, notice=NOTICES.get(done))
+    return _login_page(request, svc, notice=NOTICES.get(done))
 
 
 @router.post("/login", response_model=None)
@@ -102,18 +175,27 @@ async def login(
     svc: ServicesDep,
     email: Annotated[str, Form(max_length=320)],
     password: Annotated[str, Form(max_length=1024)],
+    csrf: Annotated[str, Form(max_length=128)] = "",
 ) -> Response:
     """Check the password, start a fresh session, go to the dashboard."""
     check_same_site(request)
+    if not svc.auth.check_login_token(_login_nonce(request) or "", csrf):
+        # Login CSRF, or a page older than its cookie: nothing is checked or counted; a
+        # person just submits the fresh form again.
+        return _login_page(request, svc, status=403, error=EXPIRED_FORM)
     client = request.client.host if request.client else "unknown"
     try:
         session_id = await svc.auth.sign_in(email, password, client=client)
     except Unauthenticated:
         # Unknown email, wrong password, disabled user: one answer, byte for byte.
-        return _render(request, "login.html", status=401, error="Wrong email or password.")
+        return _login_page(request, svc, status=401, error="Wrong email or password.")
     except RateLimited as err:
-        page = _render(request, "login.html", status=429, error=_wait_message(err))
+        page = _login_page(request, svc, status=429, error=_wait_message(err))
         return _too_many(page, err)
+    except Unavailable as err:
+        page = _login_page(request, svc, status=503, error=BUSY)
+        page.headers["Retry-After"] = str(_wait_s(err))
+        return page
     # A fresh id on every sign-in; whatever session this browser had before ends here.
     old = request.cookies.get(session_cookie_name(request))
     if old:
@@ -201,6 +283,7 @@ async def create_task(
         message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
         return await _dashboard(request, svc, found, status=422, error=message, prompt=prompt)
     except BullpenError as err:
+        await _refused(request, err)
         return await _dashboard(
             request, svc, found, status=err.status, error=err.detail, prompt=prompt
         )
@@ -276,11 +359,17 @@ async def change_password(
     if new_password != confirm:
         error = "The new password and its confirmation differ."
         return _account(request, svc, found, status=422, error=error)
-    users = UserService(svc.store, svc.clock, verify_password=svc.auth.verify_password)
+    users = UserService(
+        svc.store,
+        svc.clock,
+        verify_password=svc.auth.verify_password,
+        hash_password=svc.auth.hash_password,
+    )
     try:
         await users.change_password(who.principal, current_password, new_password)
     except RateLimited as err:
         return _too_many(_account(request, svc, found, status=429, error=_wait_message(err)), err)
-    except Forbidden:
+    except Forbidden as err:
+        await _refused(request, err)
         return _account(request, svc, found, status=403, error="The current password is wrong.")
     return _end_session_cookie(RedirectResponse("/login?done=password", status_code=303))

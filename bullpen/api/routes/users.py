@@ -14,7 +14,7 @@ from bullpen.api.deps import ServicesDep, authenticated, instance_admin, require
 from bullpen.api.idempotency import Idempotent
 from bullpen.api.schemas import Strict, optional
 from bullpen.domain.principal import Principal, Role
-from bullpen.services.users import UserService, hash_new_password
+from bullpen.services.users import UserService
 
 router = APIRouter(prefix="/api/v1/users", tags=["users"])
 
@@ -164,7 +164,12 @@ _ME_LINKS = {
 
 
 async def _service(svc: ServicesDep) -> UserService:
-    return UserService(svc.store, svc.clock, verify_password=svc.auth.verify_password)
+    return UserService(
+        svc.store,
+        svc.clock,
+        verify_password=svc.auth.verify_password,
+        hash_password=svc.auth.hash_password,
+    )
 
 
 Users = Annotated[UserService, Depends(_service)]
@@ -235,7 +240,7 @@ async def create_user(
 ) -> Response:
     """A new account; a taken email is 409. The password is stored only as an argon2id hash."""
     # Hashed before the write transaction opens: no writer waits on argon2.
-    password_hash = await hash_new_password(body.password)
+    password_hash = await users.new_password_hash(body.password)
     async with idem.begin(principal) as tx:
         if tx.replayed is not None:
             return tx.replayed
