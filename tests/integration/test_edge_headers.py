@@ -21,6 +21,7 @@ from bullpen.store.tables import users
 from tests.conftest import RunningServer
 from tests.integration.client import bearer
 from tests.integration.seed import new_member, open_session
+from tests.integration.test_sessions import post_login
 
 HTTPS = {"X-Forwarded-Proto": "https"}
 SAME_ORIGIN = {"Sec-Fetch-Site": "same-origin"}
@@ -91,14 +92,11 @@ async def test_hsts_over_https_only(server: RunningServer, client: aiohttp.Clien
 async def test_over_https_the_session_cookie_is_host_prefixed(
     server: RunningServer, client: aiohttp.ClientSession
 ) -> None:
-    async with client.post(
-        f"{server.base_url}/login",
-        data={"email": server.boot.email, "password": server.boot.password or ""},
-        headers={**SAME_ORIGIN, **HTTPS},
-        allow_redirects=False,
-    ) as resp:
-        assert resp.status == 303
-        set_cookie = resp.headers.getall("Set-Cookie")
+    resp, _ = await post_login(
+        client, server, server.boot.email, server.boot.password or "", headers=HTTPS
+    )
+    assert resp.status == 303
+    set_cookie = resp.headers.getall("Set-Cookie")
     assert len(set_cookie) == 1, set_cookie
     assert set_cookie[0].startswith(SECURE_SESSION_COOKIE + "="), set_cookie
     attributes = [a.strip().lower() for a in set_cookie[0].split(";")[1:]]
