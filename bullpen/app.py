@@ -170,7 +170,7 @@ async def build(
         # Who hears of a run enqueued here (filled below): this process's worker, and the
         # other processes' through NOTIFY.
         wakeups: list[Callable[[], None]] = [feeds.nudge]
-        team = Team(store, clock, _all(wakeups))
+        team = Team(store, clock, _all(wakeups), max_depth=settings.task_max_depth)
         outbound = OutboundAllow.parse(settings.outbound_allow)
         process_allow = process.parse_allow(settings.process_allow)
         if settings.worker_enabled:
@@ -279,6 +279,7 @@ async def build(
                 publish=bus.publish,
                 max_backlog=settings.queue_max_backlog,
                 backlog_retry_after_s=settings.queue_backlog_retry_after_s,
+                max_depth=settings.task_max_depth,
             ),
             agent_configs=ConfigPolicy(box, outbound, process_allow),
             routines=RoutineService(
