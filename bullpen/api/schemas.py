@@ -88,7 +88,9 @@ class TaskCreate(BaseModel):
     parent_id: UUID | None = Field(
         default=None,
         description="Make it a subtask of this task (of the workspace, not ended); a parent "
-        "that has to wait for its subtasks is `blocked` until they have all ended.",
+        "that has to wait for its subtasks is `blocked` until they have all ended. Subtasks "
+        "nest at most `BULLPEN_TASK_MAX_DEPTH` levels (32) below their root (422 "
+        "`task-too-deep` beyond).",
     )
     blocked_by: list[UUID] = Field(
         default_factory=list,
