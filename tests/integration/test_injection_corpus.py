@@ -6,14 +6,18 @@ problem (a field whose pattern refuses control characters, say); never a 5xx. NU
 in every field that is stored as text: PostgreSQL text cannot hold it (once a 500 there, while
 SQLite stored it), so both backends refuse it alike. A task's event stream keeps its shape when
 the payload is the agent's own output: a line break or `data:` inside a text delta does not
-split or forge an SSE event.
+split or forge an SSE event; and a log record carrying a payload stays one JSON line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
+import json
+import logging
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
 
@@ -21,6 +25,7 @@ import aiohttp
 import pytest
 import sqlalchemy as sa
 
+from bullpen.logs import JsonFormatter
 from bullpen.store.tables import agents, routines, run_events, task_comments, tasks
 from tests.conftest import RunningServer
 from tests.integration.client import call, problem
@@ -73,6 +78,41 @@ def padded(payload: str) -> str:
     return f"corpus start {payload} corpus end"
 
 
+@pytest.fixture
+def json_log() -> Iterator[io.StringIO]:
+    """Every record logged during the test, as the server writes them off a terminal."""
+    sink = io.StringIO()
+    handler = logging.StreamHandler(sink)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield sink
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
+def one_record_a_line(text: str) -> list[dict[str, object]]:
+    """The log's records; each line must be one whole JSON record of a real level."""
+    records = [json.loads(line) for line in text.splitlines()]
+    assert all(r["level"] in {"debug", "info", "warning", "error", "critical"} for r in records)
+    return records
+
+
+def test_a_log_record_stays_one_json_line_whatever_it_carries() -> None:
+    formatter = JsonFormatter()
+    for payload in [*CORPUS, NUL]:
+        record = logging.LogRecord(
+            "bullpen.test", logging.WARNING, __file__, 1, "got %s", (payload,), None
+        )
+        line = formatter.format(record)
+        assert line.splitlines() == [line], repr(payload)
+        assert one_record_a_line(line)[0]["message"] == f"got {payload}"
+
+
 async def refused_or(reply: Any, *statuses: int) -> bool:
     """Whether the reply is one of `statuses`; a refusal must be a 422 problem, nothing else."""
     assert reply.status < 500, reply.text
@@ -93,7 +133,7 @@ async def wait_ended(http: aiohttp.ClientSession, server: RunningServer, task_id
 
 @pytest.mark.with_settings(process_allow=PYTHON, **LIMITS)
 async def test_the_corpus_is_stored_verbatim_in_tasks_and_comments_and_streams_intact(
-    server: RunningServer, http: aiohttp.ClientSession
+    server: RunningServer, http: aiohttp.ClientSession, json_log: io.StringIO
 ) -> None:
     made = await call(
         http,
@@ -154,6 +194,7 @@ async def test_the_corpus_is_stored_verbatim_in_tasks_and_comments_and_streams_i
         )
         assert [(e.seq, e.event) for e in events] == [(r.seq, r.kind) for r in stored_events]
         assert "".join(e.data["text"] for e in events if e.event == "text") == task["prompt"]
+    one_record_a_line(json_log.getvalue())  # whatever was logged meanwhile
 
 
 @pytest.mark.with_settings(**LIMITS)
