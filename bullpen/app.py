@@ -178,7 +178,7 @@ async def build(
         # Who hears of a run enqueued here (filled below): this process's worker, and the
         # other processes' through NOTIFY.
         wakeups: list[Callable[[], None]] = [feeds.nudge]
-        team = Team(store, clock, _all(wakeups))
+        team = Team(store, clock, _all(wakeups), max_depth=settings.task_max_depth)
         process_allow = process.parse_allow(settings.process_allow)
         process_env_allow = process_env.EnvAllow.parse(settings.process_env_allow)
         if settings.worker_enabled:
@@ -296,6 +296,7 @@ async def build(
                 publish=bus.publish,
                 max_backlog=settings.queue_max_backlog,
                 backlog_retry_after_s=settings.queue_backlog_retry_after_s,
+                max_depth=settings.task_max_depth,
             ),
             agent_configs=ConfigPolicy(box, outbound, process_allow, process_env_allow),
             routines=RoutineService(

@@ -3,7 +3,8 @@
 BullpenError
 ├── BadRequest            400  a malformed header or parameter outside the body
 ├── InvalidInput          422  a field or value is wrong
-│   └── IdempotencyKeyMismatch   the key was used with a different request
+│   ├── IdempotencyKeyMismatch   the key was used with a different request
+│   └── TaskTooDeep              a subtask would nest deeper than BULLPEN_TASK_MAX_DEPTH
 ├── Unauthenticated       401  no or bad credentials
 ├── Forbidden             403  authenticated, not allowed
 ├── NotFound              404  missing, or another workspace's
@@ -76,6 +77,13 @@ class IdempotencyKeyMismatch(InvalidInput):
 
     slug = "idempotency-key-mismatch"
     title = "Idempotency key reused with a different request"
+
+
+class TaskTooDeep(InvalidInput):
+    """A subtask would nest deeper below its root task than the configured cap."""
+
+    slug = "task-too-deep"
+    title = "Subtask nested too deep"
 
 
 class Unauthenticated(BullpenError):

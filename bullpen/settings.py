@@ -110,6 +110,10 @@ class Settings(BaseSettings):
     event_retention_days: float = Field(default=30.0, gt=0)
     event_cleanup_batch: int = Field(default=5_000, ge=100)
 
+    # Task trees (issue 19, finding 6): how many levels of subtasks may nest below a root task
+    # (through the API and agents' `delegate`); a deeper one is refused with 422.
+    task_max_depth: int = Field(default=32, ge=1, le=1000)
+
     # Agents.
     # Webhook (`http`) agents may not call private, loopback, link-local or otherwise
     # non-public addresses, nor be redirected to one, unless this allow-list names the target:

@@ -79,6 +79,8 @@ def _text(args: dict[str, Any], key: str, limit: int, *, required: bool = True) 
         raise _ToolError(f"'{key}' must be a non-empty string")
     if len(value) > limit:
         raise _ToolError(f"'{key}' is longer than {limit} characters")
+    if "\x00" in value:  # PostgreSQL text cannot hold it (issue 19, finding 8c)
+        raise _ToolError(f"'{key}' must not contain NUL characters")
     return value
 
 
@@ -90,11 +92,17 @@ class Team:
     """The store side of the tool loop."""
 
     def __init__(
-        self, store: Store, clock: Callable[[], datetime], on_enqueued: Callable[[], None]
+        self,
+        store: Store,
+        clock: Callable[[], datetime],
+        on_enqueued: Callable[[], None],
+        *,
+        max_depth: int = 32,
     ) -> None:
         self._store = store
         self._clock = clock
         self._on_enqueued = on_enqueued
+        self._max_depth = max_depth
 
     async def reports(self, workspace_id: UUID, agent_id: UUID) -> list[Report]:
         """The agents reporting to `agent_id`, by name."""
@@ -168,6 +176,14 @@ class Team:
                         wait = args.get("wait", True)
                         if not isinstance(wait, bool):
                             raise _ToolError("'wait' must be true or false")
+                        if (
+                            await workflow.depth_below_root(conn, run.task_id, self._max_depth)
+                            >= self._max_depth
+                        ):
+                            raise _ToolError(
+                                f"subtasks nest at most {self._max_depth} levels below their "
+                                "root task: do this one yourself"
+                            )
                         child, new = await workflow.delegate(
                             conn,
                             workspace_id=run.workspace_id,

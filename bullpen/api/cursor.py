@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from datetime import datetime
+from datetime import UTC, datetime
 from uuid import UUID
 
 from bullpen.errors import InvalidInput
@@ -27,15 +27,19 @@ def next_of(page: Page) -> str | None:
 
 
 def decode(cursor: str) -> tuple[datetime, UUID]:
-    """The (created_at, id) a cursor points after; malformed cursors are a 422."""
+    """The (created_at, id) a cursor points after; malformed cursors are a 422.
+
+    The position is moved to UTC here, as the store compares it: a crafted date that leaves
+    datetime's range on the way (year 1 east of UTC, 9999 west of it) is malformed too.
+    """
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         created, row_id = base64.urlsafe_b64decode(padded.encode()).decode().split("|")
         when = datetime.fromisoformat(created)
         if when.tzinfo is None:
             raise ValueError("naive")
-        return when, UUID(row_id)
-    except (ValueError, UnicodeDecodeError) as err:
+        return when.astimezone(UTC), UUID(row_id)
+    except (ValueError, UnicodeDecodeError, OverflowError) as err:
         raise InvalidInput(
             "malformed cursor",
             errors=[

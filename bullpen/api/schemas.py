@@ -17,6 +17,13 @@ LABELS_MAX = 20
 COMMENT_MAX = 10_000
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 
+# Free text (prompts, comments) keeps every character but NUL, which PostgreSQL text cannot
+# hold: refused at the edge (422) on every backend alike (issue 19, finding 8c).
+NO_NUL = r"^[^\x00]*$"
+Prompt = Annotated[
+    str, Field(min_length=PROMPT_MIN, max_length=PROMPT_MAX, strict=True, pattern=NO_NUL)
+]
+
 # Printable text without control characters (keeps logs, headers and SSE frames intact).
 _TEXT = r"^[^\x00-\x1f\x7f]*$"
 Title = Annotated[
@@ -73,7 +80,7 @@ class TaskCreate(BaseModel):
         },
     )
 
-    prompt: str = Field(min_length=PROMPT_MIN, max_length=PROMPT_MAX, strict=True)
+    prompt: Prompt
     agent_id: UUID
     title: Title | None = Field(default=None, description="Defaults to the prompt's first line.")
     priority: Priority = Field(default=0, description="Higher runs first.")
@@ -81,7 +88,9 @@ class TaskCreate(BaseModel):
     parent_id: UUID | None = Field(
         default=None,
         description="Make it a subtask of this task (of the workspace, not ended); a parent "
-        "that has to wait for its subtasks is `blocked` until they have all ended.",
+        "that has to wait for its subtasks is `blocked` until they have all ended. Subtasks "
+        "nest at most `BULLPEN_TASK_MAX_DEPTH` levels (32) below their root (422 "
+        "`task-too-deep` beyond).",
     )
     blocked_by: list[UUID] = Field(
         default_factory=list,
@@ -107,7 +116,9 @@ class TaskUpdate(Strict):
 class CommentCreate(Strict):
     """A comment on a task."""
 
-    body: str = Field(min_length=1, max_length=COMMENT_MAX, examples=["Looks good."])
+    body: str = Field(
+        min_length=1, max_length=COMMENT_MAX, pattern=NO_NUL, examples=["Looks good."]
+    )
 
 
 class CommentPublic(BaseModel):

@@ -270,9 +270,12 @@ class Worker:
                 log.exception("cancel check failed unexpectedly")
                 continue
             for run_id in asked:
-                if run_id not in self._stops:
+                # A run may have ended while the query ran: a KeyError here once ended this
+                # loop for good, and no later cancel reached this worker's runs.
+                task = self._inflight.get(run_id)
+                if task is not None and run_id not in self._stops:
                     self._stops[run_id] = _Stop.CANCEL
-                    self._inflight[run_id].cancel()
+                    task.cancel()
 
     async def _execute(self, run: ClaimedRun) -> None:
         last = 0

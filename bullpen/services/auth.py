@@ -238,8 +238,13 @@ class AuthService:
         return tokens.digest(self._secret, "csrf:" + session_id).hex()
 
     def check_csrf(self, session_id: str, token: str) -> bool:
-        """Whether a submitted CSRF token belongs to this session (constant time)."""
-        return hmac.compare_digest(self.csrf_token(session_id), token)
+        """Whether a submitted CSRF token belongs to this session (constant time).
+
+        Compared as bytes: `compare_digest` refuses str with non-ASCII characters (a TypeError,
+        so a 500), and a header or form field may carry anything.
+        """
+        sent = token.encode("utf-8", "surrogatepass")
+        return hmac.compare_digest(self.csrf_token(session_id).encode("ascii"), sent)
 
     def login_token(self, nonce: str) -> str:
         """The sign-in form's CSRF token for a browser's pre-session nonce (its cookie)."""

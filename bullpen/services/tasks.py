@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -23,6 +24,7 @@ from bullpen.errors import (
     Forbidden,
     NotFound,
     RateLimited,
+    TaskTooDeep,
 )
 from bullpen.store import agents as agent_store
 from bullpen.store import audit, workflow
@@ -33,6 +35,9 @@ from bullpen.store.base import Connection, Store
 from bullpen.store.paging import Page
 
 TITLE_CHARS = 80
+# Subtasks cancelled per transaction: each batch is short, and a cancel cut short between two
+# leaves the rest for the next cancel of the same task (issue 19, finding 6).
+CANCEL_BATCH = 200
 _ENDED = frozenset(status.value for status in TERMINAL_TASK)
 
 
@@ -60,8 +65,10 @@ class TaskService:
         publish: Callable[[list[RunEvent]], None],
         max_backlog: int = 10_000,
         backlog_retry_after_s: int = 5,
+        max_depth: int = 32,
     ) -> None:
         self._store = store
+        self._max_depth = max_depth
         self._clock = clock
         self._on_enqueued = on_enqueued
         self._cancel_local = cancel_local
@@ -103,6 +110,7 @@ class TaskService:
                     raise NotFound("parent_id: no such task in this workspace")
                 if parent.status in _ENDED:
                     raise Conflict(f"the parent task has ended ({parent.status})")
+                await check_depth(conn, parent_id, self._max_depth)
             await self._check_backlog(conn, principal.workspace_id)
             fields: dict[str, Any] = {
                 "creator_user_id": principal.user_id,
@@ -231,18 +239,99 @@ class TaskService:
     async def cancel(self, principal: Principal, task_id: UUID) -> tuple[Any, Any]:
         """Cancel a task: a queued run ends at once, a running one is stopped by its worker.
 
-        Its subtasks that have not ended are cancelled too (each audited), deepest last.
+        Then every subtask below it that has not ended, set-wise and shallowest first, in
+        bounded batches of one transaction each (each cancelled subtask audited). Cancelling an
+        already cancelled task is a no-op for it but still sweeps its tree, so a cancel cut
+        short is finished by the next one.
         """
         cancelled = await self._cancel_one(principal, task_id)
-        async with self._store.read() as conn:
-            children = await workflow.children(conn, task_id)
-        for child in children:
-            if child.status not in _ENDED:
-                with contextlib.suppress(Conflict):  # it ended meanwhile
-                    await self.cancel(principal, child.id)
+        stopping = await self._cancel_subtree(principal, task_id)
+        await self._await_stopped(stopping)
         return cancelled
 
+    async def _cancel_subtree(self, principal: Principal, root_id: UUID) -> Sequence[UUID]:
+        """Cancel the open subtasks below `root_id`; returns the running runs asked to stop."""
+        stopping: list[UUID] = []
+        while True:
+            now = self._clock()
+            async with self._store.write() as conn:
+                batch = await workflow.open_descendants(
+                    conn, principal.workspace_id, root_id, CANCEL_BATCH
+                )
+                if not batch:
+                    return stopping
+                done = await task_store.cancel_many(conn, [row.id for row in batch], now)
+                ends = await self._end_events(conn, done.runs, principal.workspace_id, now)
+                for changed in [*done.tasks, *(task for _, task in done.stopping)]:
+                    await audit.record_by(
+                        conn,
+                        principal,
+                        "task.cancel",
+                        "task",
+                        changed,
+                        now,
+                        {"with": str(root_id)},
+                    )
+                # Tasks outside the tree that waited for a cancelled one may run now; parents
+                # are in the tree, cancelled before their subtasks.
+                cancelled = set(done.tasks)
+                woken: list[UUID] = []
+                for row in batch:
+                    if row.dependents and row.id in cancelled:
+                        woken += await workflow.ended(
+                            conn,
+                            parent_id=None,
+                            blocks_parent=False,
+                            dependents=row.dependents,
+                            task_id=row.id,
+                            now=now,
+                        )
+                if woken:
+                    self._store.after_commit(self._on_enqueued)
+                if ends:
+                    self._store.after_commit(functools.partial(self._publish, [*ends]))
+            stopping += [run for run, _ in done.stopping]
+            if not (done.tasks or done.stopping):
+                return stopping  # what is left cannot be cancelled: stop rather than spin
+
+    async def _end_events(
+        self,
+        conn: Connection,
+        ended: Sequence[tuple[UUID, UUID]],
+        workspace_id: UUID,
+        now: datetime,
+    ) -> Sequence[RunEvent]:
+        """Append the `end` event of each queued run that was cancelled."""
+        if not ended:
+            return []
+        last = await event_store.last_seqs(conn, [run for run, _ in ended])
+        events = [
+            RunEvent(run, task, last.get(run, 0) + 1, EventKind.END, {"status": "cancelled"})
+            for run, task in ended
+        ]
+        await event_store.append(conn, events, [workspace_id] * len(events), now)
+        return events
+
+    async def _await_stopped(self, run_ids: Sequence[UUID], wait_s: float = 3.0) -> None:
+        """Wait up to `wait_s` for the workers to stop these runs (each in its cancel poll)."""
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while run_ids and asyncio.get_running_loop().time() < deadline:
+            async with self._store.read() as conn:
+                left = 0
+                for start in range(0, len(run_ids), CANCEL_BATCH):
+                    chunk = [*run_ids[start : start + CANCEL_BATCH]]
+                    left += await task_store.running_among(conn, chunk)
+            if not left:
+                return
+            await asyncio.sleep(0.05)
+
     async def _cancel_one(self, principal: Principal, task_id: UUID) -> tuple[Any, Any]:
+        for _ in range(3):
+            with contextlib.suppress(_RunMoved):
+                return await self._cancel_once(principal, task_id)
+        raise Conflict("the task changed state meanwhile; fetch it and retry")
+
+    async def _cancel_once(self, principal: Principal, task_id: UUID) -> tuple[Any, Any]:
         need(principal, Permission.TASKS_WRITE)
         task, run = await self.get(principal, task_id)
         if task.status == TaskStatus.CANCELLED.value:
@@ -271,6 +360,10 @@ class TaskService:
                 seq = await event_store.last_seq(conn, run.id) + 1
                 ended = RunEvent(run.id, task_id, seq, EventKind.END, {"status": "cancelled"})
                 await event_store.append(conn, [ended], [principal.workspace_id], now)
+            elif run is not None and run.status == RunStatus.QUEUED.value:
+                # A worker claimed it since it was read: cancelling the task alone would leave
+                # the run going (and its end would overwrite the task's status). Look again.
+                raise _RunMoved
             if not await task_store.set_task_status(
                 conn, task_id, TaskStatus.CANCELLED, now, error="cancelled on request"
             ):
@@ -391,3 +484,24 @@ class TaskService:
         if task is None:
             raise NotFound("no such task")
         return task
+
+
+class _RunMoved(Exception):
+    """The task's run changed state between reading and cancelling it."""
+
+
+async def check_depth(conn: Connection, parent_id: UUID, max_depth: int) -> None:
+    """Refuse a new subtask of `parent_id` that would nest deeper than `max_depth` (422)."""
+    if await workflow.depth_below_root(conn, parent_id, max_depth) + 1 > max_depth:
+        message = f"subtasks nest at most {max_depth} levels below their root task"
+        raise TaskTooDeep(
+            message,
+            errors=[
+                {
+                    "location": "body",
+                    "field": "parent_id",
+                    "message": message,
+                    "code": "too_deep",
+                }
+            ],
+        )

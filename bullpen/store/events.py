@@ -80,6 +80,18 @@ async def last_seq(conn: Connection, run_id: UUID) -> int:
     return int(value or 0)
 
 
+async def last_seqs(conn: Connection, run_ids: Sequence[UUID]) -> dict[UUID, int]:
+    """`last_seq` of many runs in one query (runs without events are left out)."""
+    if not run_ids:
+        return {}
+    rows = await conn.execute(
+        sa.select(run_events.c.run_id, sa.func.max(run_events.c.seq).label("seq"))
+        .where(run_events.c.run_id.in_(run_ids))
+        .group_by(run_events.c.run_id)
+    )
+    return {row.run_id: int(row.seq) for row in rows}
+
+
 async def task_run_ids(conn: Connection, task_id: UUID) -> list[UUID]:
     """The task's runs, oldest first (a task stream's run numbers are positions here)."""
     result = await conn.execute(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
@@ -232,6 +233,65 @@ async def cancel_queued_run(conn: Connection, run_id: UUID, now: datetime) -> bo
         .values(status=RunStatus.CANCELLED.value, finished_at=now, error="cancelled on request")
     )
     return int(result.rowcount) == 1
+
+
+@dataclass(frozen=True, slots=True)
+class CancelledMany:
+    """What `cancel_many` changed."""
+
+    tasks: list[UUID]  # moved to `cancelled`
+    runs: list[tuple[UUID, UUID]]  # (run, task) of queued runs ended with them
+    stopping: list[tuple[UUID, UUID]]  # (run, task) of running runs asked to stop
+
+
+async def cancel_many(conn: Connection, task_ids: list[UUID], now: datetime) -> CancelledMany:
+    """Cancel these tasks set-wise: queued runs end, running ones are asked to stop (their
+    workers end them and their tasks), every other task that has not ended is `cancelled`.
+
+    The runs before the tasks, the order a run's end takes them in (else the two can deadlock).
+    """
+    if not task_ids:
+        return CancelledMany([], [], [])
+    ended = await conn.execute(
+        runs.update()
+        .where(runs.c.task_id.in_(task_ids), runs.c.status == RunStatus.QUEUED.value)
+        .values(status=RunStatus.CANCELLED.value, finished_at=now, error="cancelled on request")
+        .returning(runs.c.id, runs.c.task_id)
+    )
+    cancelled_runs = [(row.id, row.task_id) for row in ended]
+    asked = await conn.execute(
+        runs.update()
+        .where(
+            runs.c.task_id.in_(task_ids),
+            runs.c.status == RunStatus.RUNNING.value,
+            runs.c.cancel_requested_at.is_(None),
+        )
+        .values(cancel_requested_at=now)
+        .returning(runs.c.id, runs.c.task_id)
+    )
+    stopping = [(row.id, row.task_id) for row in asked]
+    held = {task_id for _, task_id in stopping}
+    sources = [s.value for s in task_sources(TaskStatus.CANCELLED)]
+    moved = await conn.execute(
+        tasks.update()
+        .where(
+            tasks.c.id.in_([t for t in task_ids if t not in held]),
+            tasks.c.status.in_(sources),
+        )
+        .values(status=TaskStatus.CANCELLED.value, updated_at=now, error="cancelled on request")
+        .returning(tasks.c.id)
+    )
+    return CancelledMany([row.id for row in moved], cancelled_runs, stopping)
+
+
+async def running_among(conn: Connection, run_ids: list[UUID]) -> int:
+    """How many of these runs are still running."""
+    if not run_ids:
+        return 0
+    query = sa.select(sa.func.count()).where(
+        runs.c.id.in_(run_ids), runs.c.status == RunStatus.RUNNING.value
+    )
+    return int((await conn.execute(query)).scalar_one())
 
 
 async def list_runs(conn: Connection, task_id: UUID) -> list[Any]:

@@ -15,11 +15,19 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
-from bullpen.domain.status import TERMINAL_TASK, TaskStatus
+from bullpen.domain.status import TERMINAL_TASK, RunStatus, TaskStatus
 from bullpen.errors import InvalidInput, NotFound
 from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection
-from bullpen.store.tables import agents, task_blockers, task_comments, task_steps, tasks, workspaces
+from bullpen.store.tables import (
+    agents,
+    runs,
+    task_blockers,
+    task_comments,
+    task_steps,
+    tasks,
+    workspaces,
+)
 
 _ENDED = sorted(status.value for status in TERMINAL_TASK)
 MAX_BLOCKERS = 50
@@ -188,6 +196,61 @@ async def count_child(conn: Connection, parent_id: UUID) -> None:
     """A child the parent waits for was added (its end is then looked at)."""
     await conn.execute(
         tasks.update().where(tasks.c.id == parent_id).values(dependencies=tasks.c.dependencies + 1)
+    )
+
+
+async def depth_below_root(conn: Connection, task_id: UUID, cap: int) -> int:
+    """How many levels `task_id` nests below its root task (0 for a root), counted up to `cap`
+    + 1 at most: the walk up the tree stops there, however deep an older chain goes."""
+    one: sa.ColumnElement[int] = sa.literal_column("1", sa.Integer)
+    up = (
+        sa.select(tasks.c.parent_id, sa.literal_column("0").label("depth"))
+        .where(tasks.c.id == task_id)
+        .cte("up", recursive=True)
+    )
+    up = up.union_all(
+        sa.select(tasks.c.parent_id, up.c.depth + one).where(
+            tasks.c.id == up.c.parent_id, up.c.depth <= cap
+        )
+    )
+    depth = (await conn.execute(sa.select(sa.func.max(up.c.depth)))).scalar_one_or_none()
+    return int(depth or 0)
+
+
+async def open_descendants(
+    conn: Connection, workspace_id: UUID, root_id: UUID, limit: int
+) -> list[Any]:
+    """Up to `limit` descendants of `root_id` (not itself) that have not ended and are not
+    already being stopped, shallowest first: rows of (id, dependents).
+
+    One recursive query, whatever the tree's depth; it walks through ended tasks too, since a
+    task that ended may have subtasks it did not wait for. A task whose running run was asked
+    to stop is left to its worker, so a caller looping until this is empty ends.
+    """
+    one: sa.ColumnElement[int] = sa.literal_column("1", sa.Integer)
+    down = (
+        sa.select(tasks.c.id, sa.literal_column("0").label("depth"))
+        .where(tasks.c.id == root_id, tasks.c.workspace_id == workspace_id)
+        .cte("down", recursive=True)
+    )
+    down = down.union_all(
+        sa.select(tasks.c.id, down.c.depth + one).where(tasks.c.parent_id == down.c.id)
+    )
+    stopping = sa.exists(
+        sa.select(1).where(
+            runs.c.task_id == tasks.c.id,
+            runs.c.status == RunStatus.RUNNING.value,
+            runs.c.cancel_requested_at.is_not(None),
+        )
+    )
+    return list(
+        await conn.execute(
+            sa.select(tasks.c.id, tasks.c.dependents)
+            .select_from(down.join(tasks, tasks.c.id == down.c.id))
+            .where(down.c.depth > 0, tasks.c.status.not_in(_ENDED), ~stopping)
+            .order_by(down.c.depth, tasks.c.id)
+            .limit(limit)
+        )
     )
 
 

@@ -6,9 +6,11 @@ system prompts) to call Bullpen's tools.
 
 from __future__ import annotations
 
+from typing import Any
 from uuid import UUID
 
 import aiohttp
+import pytest
 import sqlalchemy as sa
 
 from bullpen.store.tables import task_steps, tasks
@@ -147,3 +149,81 @@ async def test_the_org_chart_path_is_read_only(
             problem = await problem_of(resp, 405)
             assert resp.headers["Allow"] == "GET, HEAD", (method, resp.headers["Allow"])
         assert problem["type"].endswith("/method-not-allowed")
+
+
+def tool_results(steps: list[Any]) -> list[str]:
+    """The tool results of a task's stored steps, in order."""
+    return [m["content"] for s in steps for m in s.messages if m["role"] == "tool"]
+
+
+@pytest.mark.with_settings(task_max_depth=1)
+async def test_delegating_deeper_than_the_cap_is_a_tool_error(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    lead = await make_agent(
+        http,
+        server,
+        "lead",
+        [
+            {"tool_calls": [delegate("analyst", "Analyse part A")]},
+            {"tool_calls": [finish("LEAD DONE")]},
+        ],
+    )
+    analyst = await make_agent(
+        http,
+        server,
+        "analyst",
+        [
+            {"tool_calls": [delegate("researcher", "Dig into part A")]},
+            {"tool_calls": [finish("ANALYST DONE")]},
+        ],
+        reports_to=lead["id"],
+    )
+    await make_agent(http, server, "researcher", reports_to=analyst["id"])
+    task = await create_task(http, server, lead, "Produce the quarterly report")
+    ended = await until_ended(http, server, task["id"])
+    assert ended["status"] == "done", ended
+    child = await rows(server, sa.select(tasks).where(tasks.c.parent_id == UUID(task["id"])))
+    assert [c.status for c in child] == ["done"] and child[0].result == "ANALYST DONE"
+    # The analyst's task is at the cap: its delegate was refused, and it did the work itself.
+    assert await rows(server, sa.select(tasks).where(tasks.c.parent_id == child[0].id)) == []
+    steps = await rows(
+        server,
+        sa.select(task_steps).where(task_steps.c.task_id == child[0].id).order_by("step"),
+    )
+    assert tool_results(steps)[0].startswith("error: subtasks nest at most 1 levels")
+
+
+async def test_nul_in_a_tool_call_is_a_tool_error_on_both_backends(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    lead = await make_agent(
+        http,
+        server,
+        "lead",
+        [
+            {
+                "tool_calls": [
+                    delegate("analyst", "Analyse\x00part A"),
+                    {"name": "comment", "arguments": {"body": "nul\x00here"}},
+                ]
+            },
+            {"tool_calls": [finish("no\x00result")]},
+            {"tool_calls": [finish("LEAD DONE")]},
+        ],
+    )
+    await make_agent(http, server, "analyst", reports_to=lead["id"])
+    task = await create_task(http, server, lead, "Produce the quarterly report")
+    ended = await until_ended(http, server, task["id"])
+    assert ended["status"] == "done" and ended["result"] == "LEAD DONE", ended
+    assert await rows(server, sa.select(tasks).where(tasks.c.parent_id == UUID(task["id"]))) == []
+    steps = await rows(
+        server,
+        sa.select(task_steps).where(task_steps.c.task_id == UUID(task["id"])).order_by("step"),
+    )
+    assert tool_results(steps) == [
+        "error: 'prompt' must not contain NUL characters",
+        "error: 'body' must not contain NUL characters",
+        "error: 'result' must not contain NUL characters",
+        "finished",
+    ]

@@ -248,3 +248,36 @@ async def test_sign_in_form_needs_the_token_of_this_browsers_page(
         resp, _ = await post_login(client, server, email, password, SAME_ORIGIN, form)
         assert resp.status == 303
         assert session_cookie(resp).value
+
+
+# Not a token at all: non-ASCII (once a TypeError in the comparison, so a 500), control
+# characters, and an over-long one. Each is a plain 403 (or the form's own 422 for its length).
+ODD_TOKENS = ["é" * 64, "ü", "\u2603" + "0" * 63, "\x01\x7f", "0" * 129]
+
+
+async def test_a_non_ascii_csrf_token_is_a_403_for_api_and_form(
+    server: RunningServer, client: aiohttp.ClientSession
+) -> None:
+    session = await sign_in(client, server)
+    body = {"prompt": PROMPT, "agent_id": str(server.boot.agent_id)}
+    for odd in ODD_TOKENS:
+        if odd.isprintable():  # a client refuses control characters in a header
+            headers = with_session(session, **SAME_ORIGIN, **{CSRF_HEADER: odd})
+            url = f"{server.base_url}/api/v1/tasks"
+            async with client.post(url, json=body, headers=headers) as resp:
+                await assert_forbidden(resp, repr(odd))
+        resp = await post_form(client, server, "/ui/tasks", body, session, odd, SAME_ORIGIN)
+        if resp.status != 422:  # the form's own length bound may answer first
+            await assert_forbidden(resp, repr(odd))
+    # Bytes that are not UTF-8 at all, percent-encoded in the form.
+    raw = f"prompt=x&agent_id={server.boot.agent_id}&csrf=%FF%FE%C3"
+    form_type = {"Content-Type": "application/x-www-form-urlencoded"}
+    async with client.post(
+        server.base_url + "/ui/tasks",
+        data=raw,
+        headers=with_session(session, **SAME_ORIGIN, **form_type),
+        allow_redirects=False,
+    ) as resp:
+        await assert_forbidden(resp, "not UTF-8")
+    assert await count(server, tasks) == 0
+    assert await is_live(client, server, session)

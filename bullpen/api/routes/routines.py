@@ -14,7 +14,7 @@ from bullpen.api import cursor, docs
 from bullpen.api.deps import ServicesDep, require, require_json
 from bullpen.api.idempotency import Idempotent
 from bullpen.api.routes.agents import AgentName
-from bullpen.api.schemas import PROMPT_MAX, PROMPT_MIN, Labels, Priority, Strict, Title, optional
+from bullpen.api.schemas import Labels, Priority, Prompt, Strict, Title, optional
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
 from bullpen.services.routines import CATCH_UP_MAX, RoutineService
@@ -27,7 +27,6 @@ TimeZone = Annotated[
     str,
     StringConstraints(max_length=64, pattern=r"^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$"),
 ]
-Prompt = Annotated[str, Field(min_length=PROMPT_MIN, max_length=PROMPT_MAX, strict=True)]
 Enabled = Annotated[bool, Field(strict=True)]
 
 _CRON = (
