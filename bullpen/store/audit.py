@@ -69,9 +69,32 @@ async def record_by(
     )
 
 
+async def record_instance(
+    conn: Connection,
+    principal: Principal,
+    action: str,
+    target_type: str,
+    target_id: UUID | None,
+    now: datetime,
+    data: dict[str, Any] | None = None,
+) -> None:
+    """Append an instance-level audit event (no workspace): an instance admin's action."""
+    await record(
+        conn,
+        workspace_id=None,
+        actor_type=principal.actor_type,
+        actor_id=principal.actor_id,
+        action=action,
+        target_type=target_type,
+        target_id=target_id,
+        now=now,
+        data=data,
+    )
+
+
 async def list_events(
     conn: Connection,
-    workspace_id: UUID,
+    workspace_id: UUID | None,
     *,
     limit: int,
     after: tuple[datetime, UUID] | None,
@@ -79,9 +102,10 @@ async def list_events(
     target_id: UUID | None = None,
     actor_id: UUID | None = None,
 ) -> Page:
-    """A page of the workspace's audit events, newest first, keyset-paginated."""
+    """A page of the workspace's audit events (None: the instance's), newest first."""
     c = audit_events.c
-    query = sa.select(audit_events).where(c.workspace_id == workspace_id)
+    scope = c.workspace_id.is_(None) if workspace_id is None else c.workspace_id == workspace_id
+    query = sa.select(audit_events).where(scope)
     if action is not None:
         query = query.where(c.action == action)
     if target_id is not None:
