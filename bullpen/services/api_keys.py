@@ -93,9 +93,8 @@ class ApiKeyService:
         target = principal.workspace_id if workspace_id is None else workspace_id
         elsewhere = target != principal.workspace_id
         if elsewhere and agent_id is not None:
-            raise _invalid(
-                "workspace_id", "an agent's key is created in the agent's workspace", "workspace"
-            )
+            # Agents' keys are made from within the agent's workspace (switch there first).
+            raise NotFound("no such agent in that workspace")
         if elsewhere and not principal.permissions >= ROLE_PERMISSIONS[principal.role]:
             # A scoped key must not mint a broader key somewhere else.
             raise Forbidden(

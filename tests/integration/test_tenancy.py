@@ -207,7 +207,7 @@ async def test_a_workspace_made_through_the_api_is_reachable_by_switching(
         404,
     )
     agent_in_b = {"name": "x", "workspace_id": research, "agent_id": str(server.boot.agent_id)}
-    problem(await as_(client, server, admin, "POST", "/api/v1/api-keys", agent_in_b), 422)
+    problem(await as_(client, server, admin, "POST", "/api/v1/api-keys", agent_in_b), 404)
     keys = await rows(server, sa.select(api_keys.c.name, api_keys.c.workspace_id))
     assert {(k.name, str(k.workspace_id)) for k in keys} >= {
         ("research ci", research),

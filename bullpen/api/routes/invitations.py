@@ -75,7 +75,7 @@ InvitationId = Annotated[UUID, docs.path_id("invitation")]
 Writer = Annotated[Principal, require(Permission.MEMBERS_WRITE)]
 Me = Annotated[Principal, authenticated]
 
-_LINKS = {"RevokeInvitation": docs.link("revokeInvitation", invitation_id="$response.body#/id")}
+LINKS = {"RevokeInvitation": docs.link("revokeInvitation", invitation_id="$response.body#/id")}
 
 
 async def _service(svc: ServicesDep) -> InvitationService:
@@ -110,7 +110,7 @@ async def create(
     response_model=InvitationPublic,
     dependencies=[Depends(require_json)],
     responses={
-        **docs.created(InvitationPublic, "The invitation (for any email alike)", _LINKS),
+        **docs.created(InvitationPublic, "The invitation (for any email alike)", LINKS),
         **docs.problems(400, 401, 403, 409, 413, 415, 422, 429, 503),
     },
     summary="Invite an email to the workspace",

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from bullpen.api import cursor, docs
 from bullpen.api.deps import ServicesDep, require, require_json
 from bullpen.api.idempotency import Idempotent
-from bullpen.api.routes.invitations import InvitationCreate, InvitationPublic, Invitations
+from bullpen.api.routes.invitations import LINKS, InvitationCreate, InvitationPublic, Invitations
 from bullpen.api.routes.invitations import create as invite
 from bullpen.api.schemas import Strict
 from bullpen.domain.access import Permission
@@ -72,13 +72,6 @@ Cursor = Annotated[
     Query(alias="cursor", max_length=200, description="`next_cursor` of the previous page"),
 ]
 
-_MEMBER_LINKS = {
-    "GetMember": docs.link("getMember", user_id="$response.body#/user_id"),
-    "UpdateMember": docs.link("updateMember", user_id="$response.body#/user_id"),
-    "RemoveMember": docs.link("removeMember", user_id="$response.body#/user_id"),
-}
-
-
 async def _service(svc: ServicesDep) -> WorkspaceService:
     return WorkspaceService(svc.store, svc.clock)
 
@@ -111,7 +104,7 @@ async def list_members(
     dependencies=[Depends(require_json)],
     deprecated=True,
     responses={
-        **docs.created(InvitationPublic, "The invitation (for any email alike)"),
+        **docs.created(InvitationPublic, "The invitation (for any email alike)", LINKS),
         **docs.problems(400, 401, 403, 409, 413, 415, 422, 429, 503),
     },
     summary="Invite an email to the workspace (use `POST /api/v1/invitations`)",
