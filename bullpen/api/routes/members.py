@@ -72,6 +72,7 @@ Cursor = Annotated[
     Query(alias="cursor", max_length=200, description="`next_cursor` of the previous page"),
 ]
 
+
 async def _service(svc: ServicesDep) -> WorkspaceService:
     return WorkspaceService(svc.store, svc.clock)
 
