@@ -9,7 +9,7 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
-from bullpen.domain.principal import Principal
+from bullpen.domain.principal import NO_WORKSPACE, Principal
 from bullpen.store.base import Connection
 from bullpen.store.paging import Page, keyset
 from bullpen.store.tables import audit_events
@@ -55,10 +55,10 @@ async def record_by(
     now: datetime,
     data: dict[str, Any] | None = None,
 ) -> None:
-    """Append an audit event whose actor is the caller, in its workspace."""
+    """Append an audit event whose actor is the caller, in its workspace (if it has one)."""
     await record(
         conn,
-        workspace_id=principal.workspace_id,
+        workspace_id=None if principal.workspace_id == NO_WORKSPACE else principal.workspace_id,
         actor_type=principal.actor_type,
         actor_id=principal.actor_id,
         action=action,

@@ -572,3 +572,26 @@ async def test_instance_admin_actions_are_audited_at_instance_level(
     )
     problem(await as_(client, server, browser, "GET", "/api/v1/audit-events/instance"), 403)
     problem(await call(client, server, "GET", "/api/v1/audit-events/instance", {}), 401)
+
+
+async def test_an_instance_admin_in_no_workspace_can_make_one(
+    server: RunningServer, client: aiohttp.ClientSession
+) -> None:
+    body = {"email": "root@x.io", "name": "root", "password": PASSWORD, "is_instance_admin": True}
+    assert (await call(client, server, "POST", "/api/v1/users", server.auth, body)).status == 201
+    root = await sign_in(client, server, "root@x.io", PASSWORD)
+    made = {"name": "Ops", "slug": "ops", "task_key": "OP"}
+    # Idempotency keys live in a workspace: none yet, so the header is refused, nothing made.
+    keyed = {**root.headers("POST"), "Idempotency-Key": "ops-1"}
+    problem(await call(client, server, "POST", "/api/v1/workspaces", keyed, made), 409)
+    problem(await as_(client, server, root, "GET", "/api/v1/tasks"), 403)
+    created = await as_(client, server, root, "POST", "/api/v1/workspaces", made)
+    assert created.status == 201, created.body
+    # The refusal was audited in no workspace (there is none to put it in).
+    (denied,) = await audits(server, "access.denied")
+    assert denied.workspace_id is None
+    switch = {"workspace_id": created.body["id"]}
+    assert (
+        await as_(client, server, root, "POST", "/api/v1/session/workspace", switch)
+    ).status == 200
+    assert (await as_(client, server, root, "GET", "/api/v1/tasks")).status == 200
