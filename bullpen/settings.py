@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     idempotency_ttl_s: float = Field(default=86_400.0, ge=60)
     session_ttl_s: float = Field(default=7 * 86_400.0, ge=60)
     housekeeping_interval_s: float = Field(default=300.0, gt=0)
+    # Workspace invitations (issue 19, finding 10): how long one stays acceptable, and how
+    # many a workspace may have pending at once.
+    invitation_ttl_s: float = Field(default=7 * 86_400.0, ge=60)
+    invitations_max: int = Field(default=1000, ge=1)
 
     # Worker.
     worker_enabled: bool = True

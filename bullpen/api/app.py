@@ -22,11 +22,13 @@ from bullpen.api.routes import (
     api_keys,
     audit,
     events,
+    invitations,
     members,
     providers,
     relay,
     routines,
     runs,
+    session,
     system,
     tasks,
     ui,
@@ -63,7 +65,9 @@ API_ROUTERS: list[APIRouter] = [
     for module in (
         relay,  # first: routes are matched in order, and the relay is the hot path
         workspaces,
+        session,
         members,
+        invitations,
         users,
         api_keys,
         agents,

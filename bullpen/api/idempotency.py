@@ -29,10 +29,11 @@ from sqlalchemy import exc as sa_exc
 from bullpen.api import problems
 from bullpen.api.deps import ServicesDep
 from bullpen.app import Services
-from bullpen.domain.principal import Principal
+from bullpen.domain.principal import NO_WORKSPACE, Principal
 from bullpen.errors import (
     BadRequest,
     BullpenError,
+    Conflict,
     IdempotencyKeyInUse,
     IdempotencyKeyMismatch,
 )
@@ -71,6 +72,12 @@ class IdempotentWrite:
             async with self._svc.store.write():
                 yield self
             return
+        if principal.workspace_id == NO_WORKSPACE:
+            # Keys are stored per workspace (issue 19, finding 10: a user in none yet).
+            raise Conflict(
+                "`Idempotency-Key` needs a workspace to act in: accept an invitation and switch "
+                "to it first, or send the request without the header"
+            )
         scope = keys.Scope(
             principal.workspace_id,
             principal.scope_id,

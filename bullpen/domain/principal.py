@@ -11,6 +11,11 @@ if TYPE_CHECKING:
     from bullpen.domain.access import Permission
 
 
+#: The workspace of a signed-in user who belongs to none yet (it may accept an invitation):
+#: no workspace has this id, and such a caller holds no permission.
+NO_WORKSPACE = UUID(int=0)
+
+
 class Role(StrEnum):
     """A member's role in a workspace."""
 

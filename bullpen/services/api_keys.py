@@ -25,6 +25,7 @@ from bullpen.errors import Conflict, Forbidden, InvalidInput, NotFound
 from bullpen.store import agents as agent_store
 from bullpen.store import api_keys as key_store
 from bullpen.store import audit, identity
+from bullpen.store import workspaces as ws_store
 from bullpen.store.base import Store
 
 LIST_MAX = 200
@@ -77,13 +78,28 @@ class ApiKeyService:
         scopes: Sequence[str],
         expires_at: datetime | None = None,
         agent_id: UUID | None = None,
+        workspace_id: UUID | None = None,
     ) -> tuple[Any, str]:
-        """A new key for the caller (or, with `keys:admin`, for an agent); returns (row, key)."""
+        """A new key for the caller (or, with `keys:admin`, for an agent); returns (row, key).
+
+        A key acts in one workspace: the caller's current one, or `workspace_id`, another
+        workspace the calling user belongs to (finding 10), where it holds that role's powers.
+        """
         need(principal, Permission.KEYS_WRITE)
         if agent_id is not None:
             need(principal, Permission.KEYS_ADMIN)
         elif principal.user_id is None:
             raise Forbidden("only a user can own an API key; use `agent_id` for an agent's key")
+        target = principal.workspace_id if workspace_id is None else workspace_id
+        elsewhere = target != principal.workspace_id
+        if elsewhere and agent_id is not None:
+            # Agents' keys are made from within the agent's workspace (switch there first).
+            raise NotFound("no such agent in that workspace")
+        if elsewhere and not principal.permissions >= ROLE_PERMISSIONS[principal.role]:
+            # A scoped key must not mint a broader key somewhere else.
+            raise Forbidden(
+                "only a session or an unscoped key may create a key for another workspace"
+            )
         now = self._clock()
         if expires_at is not None and not now < expires_at <= now + EXPIRY_MAX:
             raise _invalid(
@@ -108,12 +124,23 @@ class ApiKeyService:
                         f"an agent's key can hold only {_names(AGENT_PERMISSIONS)}; "
                         f"not {_names(requested - AGENT_PERMISSIONS)}"
                     )
+            elif elsewhere:
+                assert principal.user_id is not None
+                role = await ws_store.role_of(conn, target, principal.user_id)
+                if role is None:
+                    raise NotFound("no such workspace")
+                grant = ROLE_PERMISSIONS[role]
+                if requested is not None and not requested <= grant:
+                    raise Forbidden(
+                        f"a key cannot grant more than your role there holds: you lack "
+                        f"{_names(requested - grant)}"
+                    )
             else:
                 _check_grant(principal, requested, ROLE_PERMISSIONS[principal.role])
             prefix = tokens.visible_prefix(key)
             key_id = await identity.create_api_key(
                 conn,
-                workspace_id=principal.workspace_id,
+                workspace_id=target,
                 user_id=principal.user_id if agent_id is None else None,
                 agent_id=agent_id,
                 name=name,
@@ -123,14 +150,17 @@ class ApiKeyService:
                 now=now,
                 expires_at=expires_at,
             )
-            await audit.record_by(
+            # Recorded where the key acts (the creator is the caller, wherever it is).
+            await audit.record(
                 conn,
-                principal,
-                "api_key.create",
-                "api_key",
-                key_id,
-                now,
-                {
+                workspace_id=target,
+                actor_type=principal.actor_type,
+                actor_id=principal.actor_id,
+                action="api_key.create",
+                target_type="api_key",
+                target_id=key_id,
+                now=now,
+                data={
                     "name": name,
                     "prefix": prefix,
                     "scopes": stored_scopes,
@@ -139,7 +169,7 @@ class ApiKeyService:
                     "expires_at": expires_at.isoformat() if expires_at else None,
                 },
             )
-            row = await key_store.get_key(conn, principal.workspace_id, key_id)
+            row = await key_store.get_key(conn, target, key_id)
         return row, key
 
     async def revoke(self, principal: Principal, key_id: UUID) -> None:

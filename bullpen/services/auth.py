@@ -11,7 +11,7 @@ from uuid import UUID
 
 from bullpen.domain import tokens
 from bullpen.domain.access import AGENT_PERMISSIONS, ROLE_PERMISSIONS, effective, parse_scopes
-from bullpen.domain.principal import Principal
+from bullpen.domain.principal import NO_WORKSPACE, Principal, Role
 from bullpen.errors import RateLimited, Unauthenticated, Unavailable
 from bullpen.services.passwords import HashCost, PasswordPool
 from bullpen.services.ratelimit import FailureWindow
@@ -131,16 +131,28 @@ class AuthService:
             record = await identity.find_session(conn, tokens.digest(self._secret, session_id))
         if record is None or record.expires_at <= self._clock():
             raise Unauthenticated("not signed in")
+        # A user in no workspace yet may only read its invitations and accept one.
+        role = record.role if record.role is not None else Role.VIEWER
         principal = Principal(
-            workspace_id=record.workspace_id,
+            workspace_id=record.workspace_id or NO_WORKSPACE,
             user_id=record.user_id,
             api_key_id=None,
-            role=record.role,
+            role=role,
             via="session",
-            permissions=ROLE_PERMISSIONS[record.role],
+            permissions=ROLE_PERMISSIONS[role] if record.role is not None else frozenset(),
             is_instance_admin=record.is_instance_admin,
         )
         return SessionPrincipal(principal, record.email)
+
+    async def switch_workspace(self, session_id: str, workspace_id: UUID) -> None:
+        """Make the session act in another workspace of its user (issue 19, finding 10).
+
+        The caller checked the membership; every later request checks it again.
+        """
+        async with self._store.write() as conn:
+            await identity.set_session_workspace(
+                conn, tokens.digest(self._secret, session_id), workspace_id
+            )
 
     async def sign_in(self, email: str, password: str, *, client: str) -> str:
         """Check a password and open a new session; returns the session id for the cookie.
@@ -171,7 +183,8 @@ class AuthService:
         stored = user.password_hash if user is not None else self._dummy_hash
         # Verify even for unknown users so both cases cost the same.
         ok = await self.passwords.verify(stored, password)
-        if user is None or not ok or membership is None:
+        # A user in no workspace signs in too (finding 10): it can then accept an invitation.
+        if user is None or not ok:
             self._by_email.fail(email)
             self._by_client.fail(client)
             raise Unauthenticated("wrong email or password")
@@ -184,7 +197,7 @@ class AuthService:
                 conn,
                 digest=tokens.digest(self._secret, session_id),
                 user_id=user.id,
-                workspace_id=membership[0],
+                workspace_id=membership[0] if membership is not None else None,
                 now=now,
                 expires_at=now + self.session_ttl,
             )

@@ -124,7 +124,8 @@ class UserService:
                 is_instance_admin=is_instance_admin,
                 now=now,
             )
-            await audit.record_by(
+            # Instance-level (finding 10): not in whichever workspace the admin acts in.
+            await audit.record_instance(
                 conn,
                 principal,
                 "user.create",
@@ -165,7 +166,7 @@ class UserService:
             if changed.get("disabled"):
                 # Their API keys stop at once too: key lookup skips disabled users.
                 data["sessions_ended"] = await identity.delete_user_sessions(conn, user_id)
-            await audit.record_by(conn, principal, "user.update", "user", user_id, now, data)
+            await audit.record_instance(conn, principal, "user.update", "user", user_id, now, data)
             return await self._user(conn, user_id)
 
     async def _user(self, conn: Connection, user_id: UUID) -> Any:

@@ -17,12 +17,9 @@ from bullpen.domain.access import Permission, need
 from bullpen.domain.principal import Principal, Role
 from bullpen.errors import Conflict, Forbidden, NotFound
 from bullpen.store import audit, identity
-from bullpen.store import users as user_store
 from bullpen.store import workspaces as ws_store
 from bullpen.store.base import Connection, Store
 from bullpen.store.paging import Page
-
-NO_USER_HINT = "instance admins create users with `POST /api/v1/users`"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +93,48 @@ class WorkspaceService:
                     "from_workspace_id": str(principal.workspace_id),
                 },
             )
+            await audit.record_instance(
+                conn,
+                principal,
+                "workspace.create",
+                "workspace",
+                ws_id,
+                now,
+                {"name": name, "slug": slug, "task_key": task_key},
+            )
             return await ws_store.get_workspace(conn, ws_id)
+
+    async def membership(self, principal: Principal, workspace_id: UUID) -> Membership:
+        """The caller's membership of a workspace it may switch to; any other is NotFound.
+
+        An API key is bound to the workspace it was created for (a switch to it is a no-op);
+        a user's key for another workspace is created with `workspace_id`.
+        """
+        async with self._store.read() as conn:
+            if principal.user_id is not None and principal.via == "session":
+                role = await ws_store.role_of(conn, workspace_id, principal.user_id)
+            elif workspace_id == principal.workspace_id:
+                role = principal.role
+            else:
+                role = None
+                if principal.user_id is not None:
+                    role = await ws_store.role_of(conn, workspace_id, principal.user_id)
+                if role is not None:
+                    raise Conflict(
+                        "an API key acts only in the workspace it was created for; create a "
+                        "key for this workspace (`POST /api/v1/api-keys` with `workspace_id`)"
+                    )
+            row = await ws_store.get_workspace(conn, workspace_id) if role else None
+        if row is None or role is None:
+            raise NotFound("no such workspace")
+        return Membership(
+            id=row.id,
+            name=row.name,
+            slug=row.slug,
+            task_key=row.task_key,
+            role=role,
+            current=True,
+        )
 
     async def get(self, principal: Principal, workspace_id: UUID) -> Any:
         """The caller's current workspace; any other id is NotFound."""
@@ -172,33 +210,6 @@ class WorkspaceService:
         need(principal, Permission.MEMBERS_READ)
         async with self._store.read() as conn:
             return await self._member(conn, principal, user_id)
-
-    async def add_member(self, principal: Principal, *, email: str, role: Role) -> Any:
-        """Give an existing user a role in the workspace."""
-        need(principal, Permission.MEMBERS_WRITE)
-        if role is Role.OWNER and principal.role is not Role.OWNER:
-            raise Forbidden("only an owner may grant the owner role")
-        now = self._clock()
-        async with self._store.write() as conn:
-            await ws_store.lock_workspace(conn, principal.workspace_id)
-            user = await user_store.find_by_email(conn, email)
-            if user is None:
-                raise NotFound(f"no user has this email; {NO_USER_HINT}")
-            if await ws_store.get_member(conn, principal.workspace_id, user.id) is not None:
-                raise Conflict("this user is already a member of the workspace")
-            await identity.add_member(
-                conn, workspace_id=principal.workspace_id, user_id=user.id, role=role, now=now
-            )
-            await audit.record_by(
-                conn,
-                principal,
-                "member.add",
-                "user",
-                user.id,
-                now,
-                {"email": user.email, "role": role.value},
-            )
-            return await ws_store.get_member(conn, principal.workspace_id, user.id)
 
     async def change_role(self, principal: Principal, user_id: UUID, role: Role) -> Any:
         """Give a member another role; owners alone touch the owner role, and one must remain."""

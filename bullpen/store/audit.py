@@ -9,7 +9,7 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
-from bullpen.domain.principal import Principal
+from bullpen.domain.principal import NO_WORKSPACE, Principal
 from bullpen.store.base import Connection
 from bullpen.store.paging import Page, keyset
 from bullpen.store.tables import audit_events
@@ -55,10 +55,33 @@ async def record_by(
     now: datetime,
     data: dict[str, Any] | None = None,
 ) -> None:
-    """Append an audit event whose actor is the caller, in its workspace."""
+    """Append an audit event whose actor is the caller, in its workspace (if it has one)."""
     await record(
         conn,
-        workspace_id=principal.workspace_id,
+        workspace_id=None if principal.workspace_id == NO_WORKSPACE else principal.workspace_id,
+        actor_type=principal.actor_type,
+        actor_id=principal.actor_id,
+        action=action,
+        target_type=target_type,
+        target_id=target_id,
+        now=now,
+        data=data,
+    )
+
+
+async def record_instance(
+    conn: Connection,
+    principal: Principal,
+    action: str,
+    target_type: str,
+    target_id: UUID | None,
+    now: datetime,
+    data: dict[str, Any] | None = None,
+) -> None:
+    """Append an instance-level audit event (no workspace): an instance admin's action."""
+    await record(
+        conn,
+        workspace_id=None,
         actor_type=principal.actor_type,
         actor_id=principal.actor_id,
         action=action,
@@ -71,7 +94,7 @@ async def record_by(
 
 async def list_events(
     conn: Connection,
-    workspace_id: UUID,
+    workspace_id: UUID | None,
     *,
     limit: int,
     after: tuple[datetime, UUID] | None,
@@ -79,9 +102,10 @@ async def list_events(
     target_id: UUID | None = None,
     actor_id: UUID | None = None,
 ) -> Page:
-    """A page of the workspace's audit events, newest first, keyset-paginated."""
+    """A page of the workspace's audit events (None: the instance's), newest first."""
     c = audit_events.c
-    query = sa.select(audit_events).where(c.workspace_id == workspace_id)
+    scope = c.workspace_id.is_(None) if workspace_id is None else c.workspace_id == workspace_id
+    query = sa.select(audit_events).where(scope)
     if action is not None:
         query = query.where(c.action == action)
     if target_id is not None:

@@ -36,8 +36,8 @@ class SessionRecord:
     """A signed-in browser session."""
 
     user_id: UUID
-    workspace_id: UUID
-    role: Role
+    workspace_id: UUID | None  # None: the user belongs to no workspace yet
+    role: Role | None
     expires_at: datetime
     email: str
     is_instance_admin: bool
@@ -239,11 +239,11 @@ async def create_session(
     *,
     digest: bytes,
     user_id: UUID,
-    workspace_id: UUID,
+    workspace_id: UUID | None,
     now: datetime,
     expires_at: datetime,
 ) -> None:
-    """Store a new browser session by the digest of its id."""
+    """Store a new browser session by the digest of its id (in no workspace: None)."""
     await conn.execute(
         sessions.insert().values(
             digest=digest,
@@ -256,7 +256,11 @@ async def create_session(
 
 
 async def find_session(conn: Connection, digest: bytes) -> SessionRecord | None:
-    """The live session with this digest, with the user's role, or None."""
+    """The live session with this digest, with the user's role in its workspace, or None.
+
+    The membership is checked on every request: a session whose workspace the user no longer
+    belongs to is None. A session in no workspace (the user has none yet) has no role.
+    """
     row = (
         await conn.execute(
             sa.select(
@@ -268,7 +272,7 @@ async def find_session(conn: Connection, digest: bytes) -> SessionRecord | None:
                 users.c.is_instance_admin,
             )
             .select_from(
-                sessions.join(users, users.c.id == sessions.c.user_id).join(
+                sessions.join(users, users.c.id == sessions.c.user_id).outerjoin(
                     memberships,
                     sa.and_(
                         memberships.c.user_id == sessions.c.user_id,
@@ -279,16 +283,24 @@ async def find_session(conn: Connection, digest: bytes) -> SessionRecord | None:
             .where(sessions.c.digest == digest, users.c.disabled_at.is_(None))
         )
     ).first()
-    if row is None:
+    if row is None or (row.workspace_id is not None and row.role is None):
         return None
     return SessionRecord(
         user_id=row.user_id,
         workspace_id=row.workspace_id,
-        role=Role(row.role),
+        role=Role(row.role) if row.role is not None else None,
         expires_at=row.expires_at,
         email=row.email,
         is_instance_admin=bool(row.is_instance_admin),
     )
+
+
+async def set_session_workspace(conn: Connection, digest: bytes, workspace_id: UUID) -> bool:
+    """Make a session act in another workspace; whether the session exists."""
+    result = await conn.execute(
+        sessions.update().where(sessions.c.digest == digest).values(workspace_id=workspace_id)
+    )
+    return int(result.rowcount) > 0
 
 
 async def delete_session(conn: Connection, digest: bytes) -> None:

@@ -449,3 +449,22 @@ routine_fires = sa.Table(
         name="outcome",
     ),
 )
+
+# Invitations (migration 0009, issue 19 finding 10): an admin invites an email; the membership
+# exists only once the user with that email accepts. One pending invitation per (workspace,
+# email): inviting again renews it. Accepted, declined and revoked invitations are deleted.
+invitations = sa.Table(
+    "invitations",
+    metadata,
+    _id(),
+    _workspace_fk(),
+    sa.Column("email", sa.String(320), nullable=False),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("invited_by_type", sa.String(16), nullable=False),
+    sa.Column("invited_by_id", sa.Uuid),
+    _created(),
+    sa.Column("expires_at", UTCDateTime, nullable=False),
+    sa.UniqueConstraint("workspace_id", "email", name="uq_invitations_workspace_email"),
+    sa.CheckConstraint("role IN ('owner', 'admin', 'member', 'viewer')", name="role"),
+    sa.Index("ix_invitations_email", "email"),
+)

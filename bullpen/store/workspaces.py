@@ -22,6 +22,7 @@ from bullpen.store.tables import (
     agents,
     api_keys,
     idempotency_keys,
+    invitations,
     memberships,
     run_events,
     runs,
@@ -54,6 +55,7 @@ _WORKSPACE_CHILDREN = (
     sessions,
     memberships,
     idempotency_keys,
+    invitations,
 )
 
 
@@ -126,6 +128,21 @@ async def get_member(conn: Connection, workspace_id: UUID, user_id: UUID) -> Any
         memberships.c.workspace_id == workspace_id, memberships.c.user_id == user_id
     )
     return (await conn.execute(query)).first()
+
+
+async def role_of(conn: Connection, workspace_id: UUID, user_id: UUID) -> Role | None:
+    """The user's role in the workspace, or None when it is not a member."""
+    query = sa.select(memberships.c.role).where(
+        memberships.c.workspace_id == workspace_id, memberships.c.user_id == user_id
+    )
+    role = (await conn.execute(query)).scalar_one_or_none()
+    return Role(role) if role is not None else None
+
+
+async def is_member_email(conn: Connection, workspace_id: UUID, email: str) -> bool:
+    """Whether the user with this email is a member (one query, whether or not it exists)."""
+    query = _MEMBER.where(memberships.c.workspace_id == workspace_id, users.c.email == email)
+    return (await conn.execute(query)).first() is not None
 
 
 async def count_owners(conn: Connection, workspace_id: UUID) -> int:

@@ -23,6 +23,7 @@ from bullpen.services.secrets import SecretBox
 from bullpen.store import agents as agent_store
 from bullpen.store import gateway as gateway_store
 from bullpen.store import identity
+from bullpen.store import invitations as invitation_store
 from bullpen.store import routines as routine_store
 from bullpen.store import tasks as task_store
 from bullpen.store import workspaces as workspace_store
@@ -94,6 +95,17 @@ async def seed_tenant(store: Store, secret: bytes, csrf: Any, now: datetime, lab
         loner = await _user(conn, f"loner-{tag}@example.test", now, False)
         tenant.objects["loner_email"] = f"loner-{tag}@example.test"
         tenant.objects["loner"] = str(loner)
+        invitation = await invitation_store.upsert(
+            conn,
+            workspace_id=ws,
+            email=f"loner-{tag}@example.test",
+            role=Role.MEMBER,
+            invited_by_type="user",
+            invited_by_id=None,
+            now=now,
+            expires_at=now + timedelta(days=1),
+        )
+        tenant.objects["invitation"] = str(invitation)
 
         agent = await _agent(conn, ws, f"agent-{tag}", now)
         idle_agent = await _agent(conn, ws, f"idle-{tag}", now)

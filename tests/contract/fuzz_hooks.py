@@ -3,8 +3,9 @@
 - `filter_failure` drops one precisely described kind of false positive: something the OpenAPI
   document cannot express. Never broaden it into "ignore this check" or "ignore this operation".
 - `before_call` keeps the fuzzer from deleting or changing the seeded tenant it authenticates as,
-  sends the doomed workspace's own key with its deletion, and makes each `Idempotency-Key`
-  unique per distinct request, as its contract asks.
+  sends the doomed workspace's own key with its deletion, makes each `Idempotency-Key`
+  unique per distinct request, as its contract asks, and gives half of the invitation answers
+  and revocations a real invitation.
 - `event_stream_ends` adds a check schemathesis cannot know about: Bullpen's streams end.
 """
 
@@ -14,6 +15,8 @@ import hashlib
 import json
 import os
 import re
+import urllib.error
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -31,6 +34,15 @@ DOOMED_KEY_ENV = "BULLPEN_FUZZ_DOOMED_KEY"
 FUZZ_KEY_ENV = "BULLPEN_FUZZ_KEY"
 # The workspace the fuzzer's key acts in.
 OWN_WORKSPACE_ENV = "BULLPEN_FUZZ_OWN_WORKSPACE"
+# Invitations (issue 19): per answer (`accept`, `decline`) the key of the owner of a workspace
+# that invites the fuzzer's user; the fuzzer's email, user id and the server's base URL.
+INVITER_KEY_ENV = "BULLPEN_FUZZ_{verb}_INVITER"
+FUZZ_EMAIL_ENV = "BULLPEN_FUZZ_EMAIL"
+UUID_TEXT = re.compile(
+    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+)
+FUZZ_USER_ENV = "BULLPEN_FUZZ_USER"
+BASE_URL_ENV = "BULLPEN_FUZZ_BASE_URL"
 # Stands in for a protected id: well-formed, and no row has it, so the answer is a plain 404.
 UNKNOWN_ID = "00000000-0000-4000-8000-000000000000"
 MUTATING = frozenset({"DELETE", "PATCH", "PUT"})
@@ -210,6 +222,7 @@ def before_call(context: Any, case: Any, kwargs: Any) -> None:
     _unique_idempotency_key(case)
     _seeded_route_links(case)
     _own_workspace(case)
+    _fresh_invitation(case)
 
 
 def _spare_seeded_tenant(case: Any) -> None:
@@ -323,3 +336,49 @@ def _own_workspace(case: Any) -> None:
         return
     if hashlib.sha256(value.encode()).digest()[0] % 2 == 0:
         params["workspace_id"] = own
+
+
+def _fresh_invitation(case: Any) -> None:
+    """Send half of the invitation answers and revocations to a fresh, real invitation.
+
+    An invitation is answered or revoked once, and the fuzzer cannot guess ids, so these
+    operations would only ever see 404 (`missing_test_data`). For half of the well-formed ids
+    (decided by a digest, so a replay is rewritten the same way) the hook first has one issued:
+    to the fuzzer's user by the workspace seeded for that answer (for `accept`, after leaving
+    that workspace), or by the fuzzer's own workspace for a revocation. The other half still
+    checks that an unknown id is a 404.
+    """
+    params = case.path_parameters or {}
+    value = params.get("invitation_id")
+    if case.method.upper() not in ("POST", "DELETE") or not isinstance(value, str):
+        return
+    if not UUID_TEXT.fullmatch(value) or hashlib.sha256(value.encode()).digest()[0] % 2:
+        return
+    base = os.environ[BASE_URL_ENV]
+    path = case.operation.path
+    if case.method.upper() == "DELETE" and path.startswith("/api/v1/invitations/"):
+        key = os.environ[FUZZ_KEY_ENV]
+        email = "revoked@bullpen.test"
+    elif path.startswith("/api/v1/users/me/invitations/"):
+        verb = path.rsplit("/", 1)[-1].upper()
+        key = os.environ[INVITER_KEY_ENV.format(verb=verb)]
+        email = os.environ[FUZZ_EMAIL_ENV]
+        if verb == "ACCEPT":
+            _call("DELETE", f"{base}/api/v1/members/{os.environ[FUZZ_USER_ENV]}", key)
+    else:
+        return
+    issued = _call("POST", f"{base}/api/v1/invitations", key, {"email": email, "role": "viewer"})
+    params["invitation_id"] = issued["id"]
+
+
+def _call(method: str, url: str, key: str, body: Any = None) -> Any:
+    """One request to the server under test (loopback) outside the fuzzing; its JSON body."""
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as err:
+        raw = err.read()
+    return json.loads(raw) if raw else None

@@ -47,7 +47,7 @@ from bullpen.domain.principal import Role
 from bullpen.store import identity
 from bullpen.store.tables import agents, api_keys, routines, users, workspaces
 from tests.conftest import RunningServer
-from tests.integration.seed import member_with_key
+from tests.integration.seed import _member, member_with_key
 
 # `import schemathesis` above is a hard import on purpose: without schemathesis this module fails
 # to collect, so the run fails; it is never skipped (TEST-PLAN BI-1).
@@ -98,6 +98,9 @@ class Tenant:
     route_id: str
     routine_id: str
     workspace_id: str
+    member_id: str
+    user_id: str
+    inviters: dict[str, str]  # by answer: the key of a workspace that invites the fuzzer
 
 
 async def _seed(server: RunningServer) -> Tenant:
@@ -158,6 +161,36 @@ async def _seed(server: RunningServer) -> Tenant:
             for table in (workspaces, users, api_keys, agents, routines)
             for row_id in (await conn.execute(sa.select(table.c.id))).scalars()
         ]
+    # Not protected: a member of the fuzzer's workspace for the member routes (invitations,
+    # which replaced the old attach, give them no link), and the owners of two workspaces that
+    # invite the fuzzer's user (the hooks have them issue invitations to accept and decline).
+    async with svc.store.write() as conn:
+        member_id, _, _ = await _member(
+            conn,
+            server.boot.workspace_id,
+            role=Role.MEMBER,
+            secret=svc.secret,
+            email="member@bullpen.test",
+            now=svc.clock(),
+        )
+        inviters = {}
+        for verb in ("ACCEPT", "DECLINE"):
+            slug = f"inviting-{verb.lower()}"
+            inviting = await identity.create_workspace(
+                conn, name=slug, slug=slug, task_key="IN", now=svc.clock()
+            )
+            _, inviter_key = await member_with_key(
+                conn,
+                inviting,
+                role=Role.OWNER,
+                secret=svc.secret,
+                email=f"{slug}@bullpen.test",
+                now=svc.clock(),
+            )
+            inviters[verb] = inviter_key
+        boot_user = (
+            await conn.execute(sa.select(users.c.id).where(users.c.email == server.boot.email))
+        ).scalar_one()
     return Tenant(
         key=server.boot.api_key,
         agent_id=str(server.boot.agent_id),
@@ -170,6 +203,9 @@ async def _seed(server: RunningServer) -> Tenant:
         route_id=route_id,
         routine_id=routine_id,
         workspace_id=str(server.boot.workspace_id),
+        member_id=str(member_id),
+        user_id=str(boot_user),
+        inviters=inviters,
     )
 
 
@@ -230,6 +266,9 @@ values = ["{tenant.routine_id}"]
 [dictionaries.own_workspace]
 values = ["{tenant.workspace_id}"]
 
+[dictionaries.seeded_member]
+values = ["{tenant.member_id}"]
+
 [dictionaries.seeded_model]
 values = ["fuzz-route"]
 
@@ -244,6 +283,9 @@ values = ["fuzz-route"]
 "path.routine_id" = {{ dictionary = "seeded_routine", probability = 0.5 }}
 # The fuzzer's own workspace (renaming it harms nothing; DELETE gets the doomed one, below).
 "path.workspace_id" = {{ dictionary = "own_workspace", probability = 0.5 }}
+# A member of the fuzzer's workspace (not protected); the workspace to switch to or make a key in.
+"path.user_id" = {{ dictionary = "seeded_member", probability = 0.5 }}
+"body.workspace_id" = {{ dictionary = "own_workspace", probability = 0.5 }}
 # The relay's `model`: half the time the seeded route, else whatever was generated (a 404).
 "body.model" = {{ dictionary = "seeded_model", probability = 0.5 }}
 
@@ -285,6 +327,10 @@ async def _schemathesis(server: RunningServer, workdir: Path) -> tuple[int, str,
         "BULLPEN_FUZZ_DOOMED_WORKSPACE": tenant.doomed_workspace_id,
         "BULLPEN_FUZZ_OWN_WORKSPACE": tenant.workspace_id,
         "BULLPEN_FUZZ_DOOMED_KEY": tenant.doomed_key,
+        "BULLPEN_FUZZ_EMAIL": server.boot.email,
+        "BULLPEN_FUZZ_USER": tenant.user_id,
+        "BULLPEN_FUZZ_BASE_URL": server.base_url,
+        **{f"BULLPEN_FUZZ_{verb}_INVITER": key for verb, key in tenant.inviters.items()},
         "HYPOTHESIS_STORAGE_DIRECTORY": str(workdir / ".hypothesis"),
         "NO_COLOR": "1",
         "PYTHONUNBUFFERED": "1",  # keep the output of a run killed at the time limit

@@ -28,6 +28,7 @@ PUBLIC_FIELDS = {
     "name",
     "prefix",
     "scopes",
+    "workspace_id",
     "user_id",
     "agent_id",
     "created_at",

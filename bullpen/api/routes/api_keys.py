@@ -76,6 +76,15 @@ class ApiKeyCreate(Strict):
         default=None,
         description="Create the key for this agent of the workspace (needs `keys:admin`).",
     )
+    workspace_id: UUID | None = Field(
+        default=None,
+        description=(
+            "The workspace the key acts in: by default the caller's current one; another "
+            "workspace the calling user belongs to gives a key with the user's role there "
+            "(not for agents' keys; the caller must be a session or an unscoped key). A "
+            "workspace the user is not a member of is 404."
+        ),
+    )
 
     @field_validator("scopes")
     @classmethod
@@ -92,6 +101,7 @@ class ApiKeyPublic(BaseModel):
         examples=["bp_AbCdEfGh"], description="The key's first characters, to tell keys apart."
     )
     scopes: list[str] = Field(examples=[["*"], ["tasks:read"]])
+    workspace_id: UUID = Field(description="The workspace the key acts in (fixed).")
     user_id: UUID | None = Field(description="The user the key acts as (null for an agent's).")
     agent_id: UUID | None = Field(description="The agent the key acts as (null for a user's).")
     created_at: datetime
@@ -107,6 +117,7 @@ class ApiKeyPublic(BaseModel):
             name=row.name,
             prefix=row.prefix,
             scopes=list(row.scopes),
+            workspace_id=row.workspace_id,
             user_id=row.user_id,
             agent_id=row.agent_id,
             created_at=row.created_at,
@@ -198,6 +209,7 @@ async def create_api_key(
             scopes=[str(scope) for scope in body.scopes],
             expires_at=body.expires_at,
             agent_id=body.agent_id,
+            workspace_id=body.workspace_id,
         )
         public = ApiKeyPublic.from_row(row).model_dump()
         return tx.respond(

@@ -8,7 +8,7 @@ from uuid import UUID
 from fastapi import APIRouter, Query
 
 from bullpen.api import cursor, docs
-from bullpen.api.deps import ServicesDep, require
+from bullpen.api.deps import ServicesDep, instance_admin, require
 from bullpen.api.schemas import AuditEventPublic, AuditPage
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
@@ -38,6 +38,39 @@ async def list_audit_events(
         page = await audit.list_events(
             conn,
             principal.workspace_id,
+            limit=limit,
+            after=cursor.after(cursor_),
+            action=action,
+            target_id=target_id,
+            actor_id=actor_id,
+        )
+    return AuditPage(
+        items=[AuditEventPublic.from_row(row) for row in page.rows],
+        next_cursor=cursor.next_of(page),
+    )
+
+
+@router.get(
+    "/instance",
+    operation_id="listInstanceAuditEvents",
+    response_model=AuditPage,
+    responses=docs.problems(401, 403, 422, 429, 503),
+    summary="List instance-level audit events (instance admins)",
+)
+async def list_instance_audit_events(
+    principal: Annotated[Principal, instance_admin],
+    svc: ServicesDep,
+    limit: Annotated[int, Query(ge=1, le=100, description="Page size (max 100)")] = 50,
+    cursor_: Annotated[str | None, Query(alias="cursor", max_length=200)] = None,
+    action: Annotated[str | None, Query(max_length=64, description="e.g. `user.create`")] = None,
+    target_id: Annotated[UUID | None, Query(description="Only events about this object")] = None,
+    actor_id: Annotated[UUID | None, Query(description="Only events by this user or key")] = None,
+) -> AuditPage:
+    """Instance admins' actions (users, workspaces created), in no workspace; newest first."""
+    async with svc.store.read() as conn:
+        page = await audit.list_events(
+            conn,
+            None,
             limit=limit,
             after=cursor.after(cursor_),
             action=action,

@@ -1,7 +1,8 @@
 """/api/v1/members: who belongs to the caller's workspace, with which role.
 
-Members are existing users (instance admins create users). Only an owner grants, changes or
-removes the owner role, and a workspace always keeps at least one owner.
+Users join by accepting an invitation (`POST /api/v1/invitations`; `POST /api/v1/members`
+invites too, since issue 19). Only an owner grants, changes or removes the owner role, and a
+workspace always keeps at least one owner.
 """
 
 from __future__ import annotations
@@ -16,24 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from bullpen.api import cursor, docs
 from bullpen.api.deps import ServicesDep, require, require_json
 from bullpen.api.idempotency import Idempotent
-from bullpen.api.routes.users import Email
+from bullpen.api.routes.invitations import LINKS, InvitationCreate, InvitationPublic, Invitations
+from bullpen.api.routes.invitations import create as invite
 from bullpen.api.schemas import Strict
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal, Role
 from bullpen.services.workspaces import WorkspaceService
 
 router = APIRouter(prefix="/api/v1/members", tags=["members"])
-
-
-class MemberCreate(Strict):
-    """Add an existing user to the workspace."""
-
-    model_config = ConfigDict(
-        json_schema_extra={"examples": [{"email": "ada@example.com", "role": "member"}]}
-    )
-
-    email: Email = Field(description="An existing user's email (any case).")
-    role: Role = Field(description="Only an owner may grant `owner`.")
 
 
 class MemberUpdate(Strict):
@@ -81,12 +72,6 @@ Cursor = Annotated[
     Query(alias="cursor", max_length=200, description="`next_cursor` of the previous page"),
 ]
 
-_MEMBER_LINKS = {
-    "GetMember": docs.link("getMember", user_id="$response.body#/user_id"),
-    "UpdateMember": docs.link("updateMember", user_id="$response.body#/user_id"),
-    "RemoveMember": docs.link("removeMember", user_id="$response.body#/user_id"),
-}
-
 
 async def _service(svc: ServicesDep) -> WorkspaceService:
     return WorkspaceService(svc.store, svc.clock)
@@ -116,25 +101,21 @@ async def list_members(
     "",
     operation_id="addMember",
     status_code=201,
-    response_model=MemberPublic,
+    response_model=InvitationPublic,
     dependencies=[Depends(require_json)],
+    deprecated=True,
     responses={
-        **docs.created(MemberPublic, "The new membership", _MEMBER_LINKS),
-        **docs.problems(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
+        **docs.created(InvitationPublic, "The invitation (for any email alike)", LINKS),
+        **docs.problems(400, 401, 403, 409, 413, 415, 422, 429, 503),
     },
-    summary="Add an existing user to the workspace",
+    summary="Invite an email to the workspace (use `POST /api/v1/invitations`)",
 )
 async def add_member(
-    body: MemberCreate, principal: Writer, members: Members, idem: Idempotent
+    body: InvitationCreate, principal: Writer, invitations: Invitations, idem: Idempotent
 ) -> Response:
-    """An unknown email is 404 (instance admins create users); a member already is 409."""
-    async with idem.begin(principal) as tx:
-        if tx.replayed is not None:
-            return tx.replayed
-        row = await members.add_member(principal, email=body.email, role=body.role)
-        return tx.respond(
-            201, MemberPublic.from_row(row), location=f"/api/v1/members/{row.user_id}"
-        )
+    """Since issue 19 this no longer attaches a user: it invites the email, exactly as
+    `POST /api/v1/invitations` does, and the membership exists once the user accepts."""
+    return await invite(body, principal, invitations, idem)
 
 
 @router.get(

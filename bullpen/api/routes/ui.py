@@ -24,9 +24,11 @@ from bullpen.api.deps import (
 from bullpen.api.schemas import TaskCreate
 from bullpen.app import Services
 from bullpen.domain import tokens
+from bullpen.domain.principal import NO_WORKSPACE
 from bullpen.errors import BullpenError, Forbidden, RateLimited, Unauthenticated, Unavailable
 from bullpen.services.auth import SessionPrincipal
 from bullpen.services.users import UserService
+from bullpen.services.workspaces import WorkspaceService
 from bullpen.store import agents as agent_store
 from bullpen.store import changes as change_log
 from bullpen.streams.changes import cursor_id
@@ -247,7 +249,13 @@ async def _dashboard(
         agents = await agent_store.list_agents(conn, who.principal.workspace_id)
         # Read before the list: the page's live list starts here, so no change falls between.
         live_from = await change_log.head(conn, who.principal.workspace_id)
-    page, _runs = await svc.tasks.list(who.principal, limit=RECENT_TASKS, after=None, status=None)
+    workspaces = await WorkspaceService(svc.store, svc.clock).mine(who.principal)
+    rows: list[Any] = []
+    if who.principal.workspace_id != NO_WORKSPACE:  # in none yet: nothing to list
+        page, _runs = await svc.tasks.list(
+            who.principal, limit=RECENT_TASKS, after=None, status=None
+        )
+        rows = list(page.rows)
     return _render(
         request,
         "dashboard.html",
@@ -255,7 +263,8 @@ async def _dashboard(
         email=who.email,
         csrf=svc.auth.csrf_token(session_id),
         agents=agents,
-        tasks=page.rows,
+        tasks=rows,
+        workspaces=workspaces,
         recent=RECENT_TASKS,
         live_from=cursor_id(live_from).decode(),
         error=error,
@@ -288,6 +297,27 @@ async def create_task(
             request, svc, found, status=err.status, error=err.detail, prompt=prompt
         )
     return RedirectResponse(f"/tasks/{task.id}", status_code=303)
+
+
+@router.post("/ui/workspace", response_model=None)
+async def switch_workspace(
+    request: Request,
+    svc: ServicesDep,
+    workspace_id: Annotated[str, Form(max_length=64)] = "",
+    csrf: Annotated[str, Form(max_length=128)] = "",
+) -> Response:
+    """Act in another of the user's workspaces (the header's picker), then show it."""
+    found = await _form_session(request, svc, csrf)
+    if found is None:
+        return RedirectResponse("/login", status_code=303)
+    session_id, who = found
+    try:
+        target = UUID(workspace_id)
+        entry = await WorkspaceService(svc.store, svc.clock).membership(who.principal, target)
+    except (ValueError, BullpenError):
+        return await _dashboard(request, svc, found, status=404, error="No such workspace.")
+    await svc.auth.switch_workspace(session_id, entry.id)
+    return RedirectResponse("/", status_code=303)
 
 
 @router.get("/tasks/{task_id}", response_class=HTMLResponse, response_model=None)

@@ -50,7 +50,7 @@ Password = Annotated[
 
 
 class UserCreate(Strict):
-    """A new user; instance admins then add it to workspaces (`POST /api/v1/members`)."""
+    """A new user; workspace admins then invite it (`POST /api/v1/invitations`)."""
 
     model_config = ConfigDict(
         json_schema_extra={

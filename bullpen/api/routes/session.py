@@ -1,0 +1,55 @@
+"""/api/v1/session: the workspace a signed-in session acts in (issue 19, finding 10)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import ConfigDict, Field
+
+from bullpen.api import docs
+from bullpen.api.deps import ServicesDep, authenticated, require_json, session_cookie_name
+from bullpen.api.routes.workspaces import WorkspaceMembership
+from bullpen.api.schemas import Strict
+from bullpen.domain.principal import Principal
+from bullpen.services.workspaces import WorkspaceService
+
+router = APIRouter(prefix="/api/v1/session", tags=["workspaces"])
+
+
+class WorkspaceSwitch(Strict):
+    """The workspace to act in from now on."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"workspace_id": "0b6a9f3e-9d53-4c5e-9f1e-3f4d3c2b1a00"}]}
+    )
+
+    workspace_id: UUID = Field(description="A workspace the calling user belongs to.")
+
+
+@router.post(
+    "/workspace",
+    operation_id="switchWorkspace",
+    response_model=WorkspaceMembership,
+    dependencies=[Depends(require_json)],
+    responses=docs.problems(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
+    summary="Switch the session to another of the user's workspaces",
+)
+async def switch_workspace(
+    body: WorkspaceSwitch,
+    request: Request,
+    principal: Annotated[Principal, authenticated],
+    svc: ServicesDep,
+) -> WorkspaceMembership:
+    """Later requests of this session act in that workspace, with the user's role there.
+
+    A workspace the user does not belong to is 404. An API key acts only in the workspace it
+    was created for: naming that one is a no-op, another of its user's workspaces is 409
+    (create a key there with `POST /api/v1/api-keys` and `workspace_id`).
+    """
+    entry = await WorkspaceService(svc.store, svc.clock).membership(principal, body.workspace_id)
+    session_id = request.cookies.get(session_cookie_name(request))
+    if principal.via == "session" and session_id:
+        await svc.auth.switch_workspace(session_id, entry.id)
+    return WorkspaceMembership.from_membership(entry)
