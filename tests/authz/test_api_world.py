@@ -23,6 +23,7 @@ import pytest_asyncio
 
 from bullpen.api.deps import SESSION_COOKIE
 from tests.conftest import RunningServer
+from tests.integration.test_sessions import HIDDEN
 
 PASSWORD = "correct horse battery staple"
 PROMPT = "Analyze this dataset and extract key metrics"
@@ -81,10 +82,13 @@ class Api:
 
     async def sign_in(self, email: str) -> tuple[str, str]:
         """Sign in at /login as a browser; the session id and the CSRF token its page shows."""
+        async with self.http.get(f"{self.base}/login") as page:  # its form token and cookie
+            hidden = dict(HIDDEN.findall(await page.text()))
+            jar = "; ".join(f"{k}={m.value}" for k, m in page.cookies.items())
         async with self.http.post(
             f"{self.base}/login",
-            data={"email": email, "password": PASSWORD},
-            headers={"Sec-Fetch-Site": "same-origin"},
+            data={**hidden, "email": email, "password": PASSWORD},
+            headers={"Sec-Fetch-Site": "same-origin", "Cookie": jar},
             allow_redirects=False,
         ) as resp:
             assert resp.status == 303, await resp.text()
@@ -157,7 +161,7 @@ async def build_tenant(api: Api, label: str) -> ApiTenant:
     tenant.objects["run"] = task_runs["items"][0]["id"]
     provider_body = {
         "name": f"p-{tag}",
-        "base_url": "http://127.0.0.1:9/v1",
+        "base_url": "https://llm.example.test/v1",
         "api_key": "sk-tenant-key",
     }
     _, provider = await api.send("POST", "/api/v1/providers", boss, provider_body, want=201)

@@ -21,6 +21,7 @@ from bullpen.store.tables import agents, api_keys, audit_events, invitations, me
 from tests.conftest import RunningServer
 from tests.integration.client import Reply, bearer, call, problem
 from tests.integration.db import audits, count, rows
+from tests.integration.test_sessions import post_login
 
 PASSWORD = "correct horse battery staple"
 UNKNOWN = "00000000-0000-4000-8000-000000000000"
@@ -54,14 +55,9 @@ async def sign_in(
     client: aiohttp.ClientSession, server: RunningServer, email: str, password: str
 ) -> Browser:
     """Sign in through the login form; the new session."""
-    async with client.post(
-        f"{server.base_url}/login",
-        data={"email": email, "password": password},
-        headers={"Sec-Fetch-Site": "same-origin"},
-        allow_redirects=False,
-    ) as resp:
-        assert resp.status == 303, await resp.text()
-        return Browser(server, resp.cookies[SESSION_COOKIE].value)
+    resp, page = await post_login(client, server, email, password)
+    assert resp.status == 303, page
+    return Browser(server, resp.cookies[SESSION_COOKIE].value)
 
 
 async def as_(
