@@ -3,7 +3,7 @@ SHELL := /bin/bash
 export PATH := $(HOME)/.local/bin:$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: deps up test lint bench fmt
+.PHONY: deps up test lint bench fmt soak
 
 deps:
 	@./scripts/deps.sh
@@ -27,3 +27,7 @@ fmt: deps
 bench: deps
 	uv run bullpen bench --backend sqlite
 	uv run bullpen bench --backend postgres
+
+# SK-1: a 10-minute mixed soak on PostgreSQL (memory, descriptors, connections, tables flat).
+soak: deps
+	BULLPEN_SOAK_S=$${BULLPEN_SOAK_S:-600} uv run pytest tests/faults/test_soak.py -s -p no:cacheprovider
