@@ -86,6 +86,14 @@ class Settings(BaseSettings):
     # How long run events and task changes are kept (streams resume from any point within it).
     event_retention_days: float = Field(default=30.0, gt=0)
     event_cleanup_batch: int = Field(default=5_000, ge=100)
+    # Retention (issue 19, finding 11a): days the periodic sweep keeps audit events, usage ledger
+    # rows and ended tasks (done, failed, cancelled; with their runs, events, comments and
+    # steps; a live task and the tree around it stay); 0 keeps them forever. `retention_batch`
+    # rows of one kind are deleted per transaction.
+    audit_retention_days: float = Field(default=365.0, ge=0)
+    usage_retention_days: float = Field(default=365.0, ge=0)
+    task_retention_days: float = Field(default=90.0, ge=0)
+    retention_batch: int = Field(default=1_000, ge=10, le=100_000)
 
     # Agents.
     # Webhook (`http`) agents may not call private, loopback, link-local or otherwise
