@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     # paused mid-transaction (SIGSTOP, a frozen VM) would otherwise hold its row locks, and with
     # them every other worker's claim of its runs, until it wakes.
     db_idle_transaction_timeout_s: float = Field(default=30.0, gt=0)
+    # SQLite (issue 19, finding 11b): the WAL file is cut back to this size when the log starts
+    # over, and truncated by the periodic checkpoint once it has grown past it.
+    sqlite_wal_limit_mb: int = Field(default=16, ge=1, le=4096)
 
     # Built-in simulated provider for `bullpen up`.
     sim_enabled: bool = True
