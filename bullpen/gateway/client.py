@@ -10,6 +10,7 @@ and the metrics).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -99,7 +100,7 @@ class GatewayClient:
                     response = await self._pool.post(
                         target_of(provider.base_url.rstrip("/") + "/chat/completions"),
                         headers,
-                        orjson.dumps(body),
+                        _encode(body),
                         connect_timeout_s=limits.connect_s,
                     )
                     if response.status != 200:
@@ -368,3 +369,13 @@ async def _refusal(provider: Provider, response: Response) -> ProviderError:
     if 400 <= status < 500:
         return failure(ProviderRejected, reason, detail)
     return failure(ProviderError, reason, detail, transient=True)
+
+
+def _encode(body: Mapping[str, Any]) -> bytes:
+    """The request body as JSON. A relay caller's own fields pass through as given, and
+    orjson writes integers of 64 bits at most: a larger one (found by fuzzing) goes out through
+    the standard encoder instead of failing the call with a 500."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        return json.dumps(body, separators=(",", ":")).encode()

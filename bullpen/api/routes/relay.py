@@ -17,21 +17,13 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    StrictBool,
-    ValidationError,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
 from bullpen.api import docs
@@ -59,38 +51,10 @@ OutputTokens = Annotated[
 _DONE = b"data: [DONE]\n\n"
 
 
-# What orjson (the provider body's encoder) writes: a signed or unsigned 64-bit integer.
-_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
-_INT_RANGE = "an integer is outside the 64-bit range"
-
-
-def _fits(value: Any) -> bool:
-    """Whether every integer in the JSON `value` can be written out again (iteratively: the
-    nesting is as deep as the parser allowed)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, int):
-            if not _INT_MIN <= item <= _INT_MAX:
-                return False
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return True
-
-
 class _Message(BaseModel):
     """Fields besides `role` and `content` (names, tool calls) pass through to the provider."""
 
     model_config = ConfigDict(extra="allow")
-
-    @model_validator(mode="after")
-    def _passable(self) -> Self:
-        # Passed through as given, so checked here: an integer beyond 64 bits was a 500.
-        if self.model_extra and not _fits(self.model_extra):
-            raise ValueError(_INT_RANGE)
-        return self
 
 
 class SystemMessage(_Message):
@@ -120,12 +84,6 @@ class AssistantMessage(_Message):
     role: Literal["assistant"]
     content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
-
-    @model_validator(mode="after")
-    def _passable_calls(self) -> Self:
-        if self.tool_calls and not _fits(self.tool_calls):
-            raise ValueError(_INT_RANGE)
-        return self
 
 
 class ToolMessage(_Message):
@@ -168,12 +126,6 @@ class ChatRequest(BaseModel):
     n: Literal[1] | None = Field(default=None, description="Only one choice is supported.")
     max_tokens: OutputTokens | None = None
     max_completion_tokens: OutputTokens | None = None
-
-    @model_validator(mode="after")
-    def _passable(self) -> Self:
-        if self.model_extra and not _fits(self.model_extra):
-            raise ValueError(_INT_RANGE)
-        return self
 
     def upstream(self) -> dict[str, Any]:
         """The body for the provider, without `model` and streaming (the gateway sets those)."""
