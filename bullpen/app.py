@@ -219,6 +219,10 @@ async def build(
                 Retention(
                     events=timedelta(days=settings.event_retention_days),
                     event_batch=settings.event_cleanup_batch,
+                    audit=_days(settings.audit_retention_days),
+                    usage=_days(settings.usage_retention_days),
+                    tasks=_days(settings.task_retention_days),
+                    batch=settings.retention_batch,
                 ),
             )
         )
@@ -394,6 +398,11 @@ def worker_tuning(settings: Settings) -> WorkerTuning:
             max_s=settings.retry_backoff_max_s,
         ),
     )
+
+
+def _days(days: float) -> timedelta | None:
+    """A retention period in days; 0 is None (kept forever)."""
+    return timedelta(days=days) if days > 0 else None
 
 
 def _all(callbacks: list[Callable[[], None]]) -> Callable[[], None]:

@@ -113,6 +113,14 @@ class Settings(BaseSettings):
     # How long run events and task changes are kept (streams resume from any point within it).
     event_retention_days: float = Field(default=30.0, gt=0)
     event_cleanup_batch: int = Field(default=5_000, ge=100)
+    # Retention (issue 19, finding 11a): days the periodic sweep keeps audit events, usage ledger
+    # rows and ended tasks (done, failed, cancelled; with their runs, events, comments and
+    # steps; a live task and the tree around it stay); 0 keeps them forever. `retention_batch`
+    # rows of one kind are deleted per transaction.
+    audit_retention_days: float = Field(default=365.0, ge=0)
+    usage_retention_days: float = Field(default=365.0, ge=0)
+    task_retention_days: float = Field(default=90.0, ge=0)
+    retention_batch: int = Field(default=1_000, ge=10, le=100_000)
 
     # Task trees (issue 19, finding 6): how many levels of subtasks may nest below a root task
     # (through the API and agents' `delegate`); a deeper one is refused with 422.
@@ -139,6 +147,9 @@ class Settings(BaseSettings):
     # paused mid-transaction (SIGSTOP, a frozen VM) would otherwise hold its row locks, and with
     # them every other worker's claim of its runs, until it wakes.
     db_idle_transaction_timeout_s: float = Field(default=30.0, gt=0)
+    # SQLite (issue 19, finding 11b): the WAL file is cut back to this size when the log starts
+    # over, and truncated by the periodic checkpoint once it has grown past it.
+    sqlite_wal_limit_mb: int = Field(default=16, ge=1, le=4096)
 
     # Built-in simulated provider for `bullpen up`.
     sim_enabled: bool = True

@@ -18,6 +18,7 @@ cannot map the internal network. The server log keeps what really happened.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -127,7 +128,7 @@ class GatewayClient:
                     response = await pool.post(
                         target_of(provider.base_url.rstrip("/") + "/chat/completions"),
                         headers,
-                        orjson.dumps(body),
+                        _encode(body),
                         connect_timeout_s=limits.connect_s,
                         peer=peer,
                     )
@@ -444,3 +445,13 @@ def _alike(provider: Provider, err: ProviderError) -> ProviderError:
         "not shown (the server log has them)",
         transient=True,
     )
+
+
+def _encode(body: Mapping[str, Any]) -> bytes:
+    """The request body as JSON. A relay caller's own fields pass through as given, and
+    orjson writes integers of 64 bits at most: a larger one (found by fuzzing) goes out through
+    the standard encoder instead of failing the call with a 500."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        return json.dumps(body, separators=(",", ":")).encode()

@@ -1,5 +1,5 @@
-"""Housekeeping: delete expired idempotency keys, sessions, run events and task changes in
-bounded batches."""
+"""Housekeeping: delete expired idempotency keys, sessions, run events, task changes, audit
+events, usage ledger rows and ended tasks in bounded batches."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from bullpen.store import changes as task_changes
 from bullpen.store import events as run_events
 from bullpen.store import idempotency as idempotency_keys
 from bullpen.store import identity
+from bullpen.store import retention as retained
 from bullpen.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -28,18 +29,37 @@ class Retention:
 
     events: timedelta = timedelta(days=30)
     event_batch: int = 5_000
+    # Finding 11a: audit events, usage ledger rows and ended tasks (with their runs, events,
+    # comments and steps); None keeps them forever. `batch` rows per transaction.
+    audit: timedelta | None = timedelta(days=365)
+    usage: timedelta | None = timedelta(days=365)
+    tasks: timedelta | None = timedelta(days=90)
+    batch: int = 1_000
 
 
 async def sweep(store: Store, now: datetime, retention: Retention = Retention()) -> dict[str, int]:
     """Delete what has expired, one bounded batch per transaction; returns rows deleted, by
     kind."""
     cutoff = now - retention.events
+    # The events of ended runs go by the tasks' retention when that is shorter, before the
+    # tasks themselves: a task's delete then cascades to few rows.
+    events_cutoff = cutoff if retention.tasks is None else max(cutoff, now - retention.tasks)
     jobs: list[tuple[str, Callable[..., Awaitable[int]], datetime, int]] = [
         ("idempotency_keys", idempotency_keys.delete_expired, now, BATCH),
         ("sessions", identity.delete_expired_sessions, now, BATCH),
-        ("run_events", run_events.delete_expired, cutoff, retention.event_batch),
+        ("run_events", run_events.delete_expired, events_cutoff, retention.event_batch),
         ("task_changes", task_changes.delete_expired, cutoff, retention.event_batch),
     ]
+    if retention.audit is not None:
+        jobs.append(
+            ("audit_events", retained.delete_old_audit, now - retention.audit, retention.batch)
+        )
+    if retention.usage is not None:
+        jobs.append(
+            ("cost_events", retained.delete_old_usage, now - retention.usage, retention.batch)
+        )
+    if retention.tasks is not None:
+        jobs.append(("tasks", retained.delete_ended_tasks, now - retention.tasks, retention.batch))
     totals: dict[str, int] = {}
     for kind, delete, when, batch in jobs:
         total = 0
@@ -47,7 +67,9 @@ async def sweep(store: Store, now: datetime, retention: Retention = Retention())
             async with store.write() as conn:
                 deleted = await delete(conn, when, batch)
             total += deleted
-            if deleted < batch:
+            # Tasks go leaves first: a short batch may have made parents leaves, so they go
+            # on until a batch finds nothing; the rest stop at the first short batch.
+            if deleted == 0 or (deleted < batch and kind != "tasks"):
                 break
             await asyncio.sleep(0)  # let requests in between batches
         totals[kind] = total

@@ -56,6 +56,9 @@ def _unreachable(err: BaseException, detail: str | None = None) -> Unavailable |
 
 
 _CHECKPOINT_EVERY_S = 2.0
+# Finding 11b: the WAL file is cut back to this size whenever the log starts over (SQLite's
+# journal_size_limit), and truncated by a checkpoint once it has grown past it.
+WAL_LIMIT_BYTES = 16 * 1024 * 1024
 # Execution option marking SQLite write transactions: the engine begins them IMMEDIATE.
 WRITE_OPTION = "bullpen_write"
 T = TypeVar("T")
@@ -127,8 +130,15 @@ class Store:
     transaction has committed.
     """
 
-    def __init__(self, engine: AsyncEngine | sa.Engine, *, sqlite_path: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine | sa.Engine,
+        *,
+        sqlite_path: str | None = None,
+        wal_limit_bytes: int = WAL_LIMIT_BYTES,
+    ) -> None:
         self.engine = engine
+        self.wal_limit_bytes = wal_limit_bytes
         self.dialect = engine.dialect.name
         self.is_sqlite = isinstance(engine, sa.Engine)
         self._sqlite_path = sqlite_path
@@ -307,15 +317,37 @@ class Store:
         while True:
             await asyncio.sleep(_CHECKPOINT_EVERY_S)
             try:
-                await asyncio.to_thread(_checkpoint, self._sqlite_path)
+                await self.checkpoint()
             except sqlite3.Error as err:
                 log.warning("WAL checkpoint failed: %s", err)
 
+    async def checkpoint(self) -> None:
+        """SQLite: checkpoint the WAL on a worker thread, and truncate it once it has grown
+        past the limit (see `_checkpoint`); a no-op on PostgreSQL or an in-memory database."""
+        path = self._sqlite_path
+        if path is not None and path != ":memory:":
+            await asyncio.to_thread(_checkpoint, path, self.wal_limit_bytes)
 
-def _checkpoint(path: str) -> None:
-    """A PASSIVE checkpoint on a private connection: never blocks readers or the writer."""
-    conn = sqlite3.connect(path, timeout=1)
+
+def _checkpoint(path: str, wal_limit: int) -> None:
+    """A PASSIVE checkpoint on a private connection: it never blocks readers or the writer.
+
+    PASSIVE never shrinks the file: after a burst of writes (above all one that a long reader
+    kept the log from starting over during) the WAL stayed at its largest size. So once the
+    file is past `wal_limit`, a TRUNCATE checkpoint follows, with no busy wait: if a reader
+    still uses the log, or the writer holds its lock, it gives up at once (as PASSIVE) and the
+    next round tries again; the writer, on the event loop, waits at most for the last few
+    frames to be copied. Meanwhile journal_size_limit cuts the file back whenever a writer
+    starts the log over.
+    """
+    conn = sqlite3.connect(path, timeout=0)
     try:
         conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        try:
+            size = os.stat(path + "-wal").st_size
+        except FileNotFoundError:
+            return
+        if size > wal_limit:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         conn.close()

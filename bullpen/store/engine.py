@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import orjson
@@ -23,11 +24,13 @@ def _json_dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+def _sqlite_connect(dbapi_connection: Any, _record: Any, wal_limit: int) -> None:
     # Let SQLAlchemy, not the driver, decide when transactions begin (see _sqlite_begin).
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
+    # A writer that starts the log over cuts the file back to this (finding 11b).
+    cursor.execute(f"PRAGMA journal_size_limit={int(wal_limit)}")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=5000")
@@ -63,9 +66,10 @@ def create_store(settings: Settings) -> Store:
             pool_timeout=_SQLITE_POOL_TIMEOUT_S,
             connect_args={"check_same_thread": False},
         )
-        event.listen(engine, "connect", _sqlite_connect)
+        wal_limit = settings.sqlite_wal_limit_mb * 1024 * 1024
+        event.listen(engine, "connect", functools.partial(_sqlite_connect, wal_limit=wal_limit))
         event.listen(engine, "begin", _sqlite_begin)
-        return Store(engine, sqlite_path=path)
+        return Store(engine, sqlite_path=path, wal_limit_bytes=wal_limit)
     return Store(
         create_async_engine(
             url,

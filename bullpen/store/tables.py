@@ -177,6 +177,7 @@ tasks = sa.Table(
     sa.Index("ix_tasks_parent", "parent_id"),
     sa.Index("ix_tasks_workspace_created", "workspace_id", "created_at", "id"),
     sa.Index("ix_tasks_workspace_status_created", "workspace_id", "status", "created_at", "id"),
+    sa.Index("ix_tasks_created", "created_at"),  # retention (migration 0010)
 )
 
 task_comments = sa.Table(
@@ -322,6 +323,7 @@ audit_events = sa.Table(
     sa.Column("data", JSONType, nullable=False),
     _created(),
     sa.Index("ix_audit_events_workspace_created", "workspace_id", "created_at"),
+    sa.Index("ix_audit_events_created", "created_at"),  # retention (migration 0010)
 )
 
 idempotency_keys = sa.Table(
@@ -392,6 +394,7 @@ cost_events = sa.Table(
     sa.Column("cost_usd", sa.Float, nullable=False),
     _created(),
     sa.Index("ix_cost_events_workspace_created", "workspace_id", "created_at"),
+    sa.Index("ix_cost_events_created", "created_at"),  # retention (migration 0010)
 )
 
 # Routines (migration 0007): a cron schedule in a time zone that creates a task for an agent.

@@ -1,0 +1,81 @@
+"""Retention: the oldest audit rows, usage ledger rows and ended tasks, deleted in batches.
+
+Each function deletes at most `limit` rows in the caller's transaction and returns how many it
+deleted; the housekeeping sweep calls them until a batch comes back short.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+
+from bullpen.domain.status import TERMINAL_TASK, RunStatus
+from bullpen.store.base import Connection
+from bullpen.store.tables import audit_events, cost_events, runs, task_blockers, tasks
+
+_TERMINAL = sorted(s.value for s in TERMINAL_TASK)
+_ACTIVE_RUN = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)
+
+
+async def delete_old_audit(conn: Connection, cutoff: datetime, limit: int) -> int:
+    """Delete up to `limit` audit events recorded before `cutoff`, oldest first."""
+    c = audit_events.c
+    doomed = sa.select(c.id).where(c.created_at < cutoff).order_by(c.created_at).limit(limit)
+    result = await conn.execute(audit_events.delete().where(c.id.in_(doomed)))
+    return int(result.rowcount)
+
+
+async def delete_old_usage(conn: Connection, cutoff: datetime, limit: int) -> int:
+    """Delete up to `limit` usage ledger rows recorded before `cutoff`, oldest first."""
+    c = cost_events.c
+    doomed = sa.select(c.id).where(c.created_at < cutoff).order_by(c.created_at).limit(limit)
+    result = await conn.execute(cost_events.delete().where(c.id.in_(doomed)))
+    return int(result.rowcount)
+
+
+def _ended_before(table: sa.FromClause, cutoff: datetime) -> sa.ColumnElement[bool]:
+    return sa.and_(table.c.status.in_(_TERMINAL), table.c.updated_at < cutoff)
+
+
+async def delete_ended_tasks(conn: Connection, cutoff: datetime, limit: int) -> int:
+    """Delete up to `limit` tasks that ended before `cutoff`, with their runs, comments and
+    steps (by cascade); returns how many tasks.
+
+    Only leaves go: a task with subtasks waits until they have gone, so a tree goes bottom up
+    over successive batches and a live task is never deleted with its parent. A subtask stays
+    while its parent is live or ended after `cutoff` (the tree goes whole), and so does a task
+    that still blocks a live one, or one with a run still queued or running. The sweep deletes
+    the ended runs' events first, in their own batches, so a task's cascade stays small.
+    """
+    t = tasks.alias("t")
+    child = tasks.alias("child")
+    parent = tasks.alias("parent")
+    dependent = tasks.alias("dependent")
+    b = task_blockers.c
+    doomed = (
+        sa.select(t.c.id)
+        .where(
+            t.c.created_at < cutoff,  # the index's range; the task's end is the test below
+            _ended_before(t, cutoff),
+            ~sa.exists().where(child.c.parent_id == t.c.id),
+            sa.or_(
+                t.c.parent_id.is_(None),
+                sa.exists().where(parent.c.id == t.c.parent_id, _ended_before(parent, cutoff)),
+            ),
+            ~sa.exists().where(
+                b.blocker_id == t.c.id,
+                dependent.c.id == b.task_id,
+                dependent.c.status.not_in(_TERMINAL),
+            ),
+            ~sa.exists().where(runs.c.task_id == t.c.id, runs.c.status.in_(_ACTIVE_RUN)),
+        )
+        .order_by(t.c.created_at)
+        .limit(limit)
+    )
+    # The status test again on the row deleted: a task re-queued (retried) after the subquery
+    # read it is rechecked by PostgreSQL under its row lock, and stays.
+    result = await conn.execute(
+        tasks.delete().where(tasks.c.id.in_(doomed), _ended_before(tasks, cutoff))
+    )
+    return int(result.rowcount)
