@@ -56,17 +56,8 @@ async def record_by(
     data: dict[str, Any] | None = None,
 ) -> None:
     """Append an audit event whose actor is the caller, in its workspace (if it has one)."""
-    await record(
-        conn,
-        workspace_id=None if principal.workspace_id == NO_WORKSPACE else principal.workspace_id,
-        actor_type=principal.actor_type,
-        actor_id=principal.actor_id,
-        action=action,
-        target_type=target_type,
-        target_id=target_id,
-        now=now,
-        data=data,
-    )
+    workspace_id = None if principal.workspace_id == NO_WORKSPACE else principal.workspace_id
+    await _record_as(conn, principal, workspace_id, action, target_type, target_id, now, data)
 
 
 async def record_instance(
@@ -79,9 +70,22 @@ async def record_instance(
     data: dict[str, Any] | None = None,
 ) -> None:
     """Append an instance-level audit event (no workspace): an instance admin's action."""
+    await _record_as(conn, principal, None, action, target_type, target_id, now, data)
+
+
+async def _record_as(
+    conn: Connection,
+    principal: Principal,
+    workspace_id: UUID | None,
+    action: str,
+    target_type: str,
+    target_id: UUID | None,
+    now: datetime,
+    data: dict[str, Any] | None,
+) -> None:
     await record(
         conn,
-        workspace_id=None,
+        workspace_id=workspace_id,
         actor_type=principal.actor_type,
         actor_id=principal.actor_id,
         action=action,

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query
 from bullpen.api import cursor, docs
 from bullpen.api.deps import ServicesDep, instance_admin, require
 from bullpen.api.schemas import AuditEventPublic, AuditPage
+from bullpen.app import Services
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
 from bullpen.store import audit
@@ -34,20 +35,7 @@ async def list_audit_events(
     actor_id: Annotated[UUID | None, Query(description="Only events by this user or key")] = None,
 ) -> AuditPage:
     """Newest first, keyset-paginated; secrets never appear in `data`."""
-    async with svc.store.read() as conn:
-        page = await audit.list_events(
-            conn,
-            principal.workspace_id,
-            limit=limit,
-            after=cursor.after(cursor_),
-            action=action,
-            target_id=target_id,
-            actor_id=actor_id,
-        )
-    return AuditPage(
-        items=[AuditEventPublic.from_row(row) for row in page.rows],
-        next_cursor=cursor.next_of(page),
-    )
+    return await _page(svc, principal.workspace_id, limit, cursor_, action, target_id, actor_id)
 
 
 @router.get(
@@ -67,10 +55,23 @@ async def list_instance_audit_events(
     actor_id: Annotated[UUID | None, Query(description="Only events by this user or key")] = None,
 ) -> AuditPage:
     """Instance admins' actions (users, workspaces created), in no workspace; newest first."""
+    return await _page(svc, None, limit, cursor_, action, target_id, actor_id)
+
+
+async def _page(
+    svc: Services,
+    workspace_id: UUID | None,
+    limit: int,
+    cursor_: str | None,
+    action: str | None,
+    target_id: UUID | None,
+    actor_id: UUID | None,
+) -> AuditPage:
+    """A page of the audit events of a workspace (None: of the instance)."""
     async with svc.store.read() as conn:
         page = await audit.list_events(
             conn,
-            None,
+            workspace_id,
             limit=limit,
             after=cursor.after(cursor_),
             action=action,
