@@ -225,6 +225,8 @@ def check_url(url: str | URL, allow: OutboundAllow) -> URL:
         if why is not None:
             raise _refused(host, address, why)
         return parsed
+    if ":" in host:  # brackets that hold no IPv6 address (yarl takes them as a name)
+        raise InvalidInput(f"the url's host {host!r} is not a valid IPv6 address")
     if _legacy_ipv4(host):
         raise InvalidInput(
             f"the url's host {host!r} reads as an IPv4 address in a legacy form; "

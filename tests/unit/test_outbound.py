@@ -167,6 +167,7 @@ def test_public_urls_pass(url: str) -> None:
         ("http://0x7f.1/", "legacy form"),
         ("http://127.1/", "legacy form"),
         ("http://0/", "legacy form"),
+        ("http://[F39d9a:2141]/v1", "not a valid IPv6 address"),  # found by the fuzzer
     ],
 )
 def test_malformed_urls_are_invalid(url: str, says: str) -> None:
