@@ -64,11 +64,16 @@ async def _bootstrap(settings: Settings) -> Bootstrap:
 
 
 def _banner(settings: Settings, boot: Bootstrap, url: str) -> None:
-    key = boot.api_key or "$BULLPEN_API_KEY"
     body = json.dumps(
         {"prompt": "Analyze this dataset and extract key metrics", "agent_id": str(boot.agent_id)}
     )
-    auth = shlex.quote(f"Authorization: Bearer {key}")
+    # A later start has no key to print: the line names the variable, in double quotes so
+    # that the shell it is pasted into expands it.
+    auth = (
+        shlex.quote(f"Authorization: Bearer {boot.api_key}")
+        if boot.api_key
+        else '"Authorization: Bearer $BULLPEN_API_KEY"'
+    )
     create = (
         f"curl -s -H {auth} -H 'Content-Type: application/json' -d {shlex.quote(body)} "
         f"{url}/api/v1/tasks"

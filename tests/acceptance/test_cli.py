@@ -47,8 +47,24 @@ def test_init_is_idempotent_and_shows_secrets_once(tmp_path: Path) -> None:
 
 
 def test_the_printed_curl_line_streams_a_completion(tmp_path: Path) -> None:
-    port = free_port()
+    stderr = _up_and_run_the_curl_line(_env(tmp_path / "data"))
+    assert "bp_" not in stderr.split("Create a task")[-1]  # the key appears only in the banner
+
+
+def test_on_a_later_start_the_curl_line_works_with_the_key_in_the_environment(
+    tmp_path: Path,
+) -> None:
+    """Issue 20: a later start has no key to print; its curl line names $BULLPEN_API_KEY, and
+    it once did so inside single quotes, where the shell never expands it."""
     env = _env(tmp_path / "data")
+    first = json.loads(_bullpen("init", "--json", env=env).stdout)
+    _up_and_run_the_curl_line(env, BULLPEN_API_KEY=first["api_key"])
+
+
+def _up_and_run_the_curl_line(env: dict[str, str], **shell_env: str) -> str:
+    """`bullpen up`, its printed curl line run by bash (with `shell_env` added), the stream
+    checked; returns the server's stderr once it has stopped."""
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "bullpen", "up", "--port", str(port)],
         env=env,
@@ -62,7 +78,12 @@ def test_the_printed_curl_line_streams_a_completion(tmp_path: Path) -> None:
         assert curl_line.startswith("curl ") and f"127.0.0.1:{port}" in curl_line
         wait_until_listening(port, proc)
         streamed = subprocess.run(
-            ["bash", "-c", curl_line], capture_output=True, text=True, timeout=60, check=True
+            ["bash", "-c", curl_line],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+            env={**env, **shell_env},
         ).stdout
         assert "event: text" in streamed
         assert 'event: end\ndata: {"status":"done"}' in streamed
@@ -73,12 +94,4 @@ def test_the_printed_curl_line_streams_a_completion(tmp_path: Path) -> None:
     # uvicorn re-raises SIGTERM after a clean shutdown, so -15 is a clean exit too.
     assert proc.returncode in (0, -signal.SIGTERM), stderr[-2000:]
     assert "Application shutdown complete" in stderr
-    assert "bp_" not in stderr.split("Create a task")[-1]  # the key appears only in the banner
-
-
-def test_an_unreachable_database_is_a_clear_error(tmp_path: Path) -> None:
-    env = {**_env(tmp_path), "BULLPEN_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none"}
-    result = _bullpen("migrate", env=env)
-    assert result.returncode == 1
-    assert "the database is unreachable" in result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
+    return stderr
