@@ -282,7 +282,10 @@ class EventLog:
             self._bus.publish(batch + ended)
             chosen = {id(final) for final, _ in applied}
             for final in finals:
-                final.done.set_result(id(final) in chosen)
+                # A waiter cancelled meanwhile (its run's task stopped during an outage) has
+                # its future done already; the others must still hear of this commit.
+                if not final.done.done():
+                    final.done.set_result(id(final) in chosen)
         finally:
             self._committing = frozenset()
             if not done.done():
