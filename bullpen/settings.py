@@ -18,7 +18,7 @@ def default_data_dir() -> Path:
 
 
 class Settings(BaseSettings):
-    """Everything Bullpen can be configured with; see README for the table."""
+    """Everything Bullpen can be configured with; see docs/configuration.md for the table."""
 
     model_config = SettingsConfigDict(env_prefix="BULLPEN_", extra="ignore")
 
@@ -31,7 +31,7 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535)
     secret_key: str | None = None
 
-    # Limits (documented in README "Limits").
+    # Limits (documented in docs/api.md, "Limits").
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     # The relay's bodies carry whole conversations.
     relay_max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)

@@ -97,7 +97,7 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
     dropped only when every entry of the problem's `errors` is one of these:
 
     - `cursor` (query): opaque; a valid one is whatever an earlier page returned as
-      `next_cursor` (README, Limits: "must be one the API issued").
+      `next_cursor` (docs/api.md, Limits: "must be one the API issued").
     - `expires_at` (body) of an API key, when the sent value really is outside (now, now + 366
       days]: a window relative to the current time, which JSON Schema cannot express.
     - `models` (body) of a provider, when two entries really share a `name`: uniqueness of one
