@@ -176,7 +176,7 @@ class RunPublic(BaseModel):
     error: str | None
     error_code: str | None = Field(
         description="The problem type slug of the error (`provider-timeout`, "
-        "`provider-incomplete`, ...); see docs/architecture.md, 'The gateway'",
+        "`provider-incomplete`, ...); see docs/gateway.md",
         examples=["provider-unavailable"],
     )
     cost_usd: float | None = Field(description="What the provider call cost, from the price table")

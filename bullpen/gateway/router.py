@@ -1,6 +1,6 @@
 """Fallback across a route's providers, allowed only until the first content reaches the caller.
 
-The rules (docs/architecture.md, "The gateway"):
+The rules (docs/gateway.md):
 - Try the chain in order; skip a provider whose breaker is open.
 - Move on after a connect failure, no first token within the provider's limit, 429 (after
   waiting out a short `Retry-After` once), 5xx or 529 overload, or a stream that errors or ends

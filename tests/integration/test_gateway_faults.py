@@ -1,7 +1,7 @@
 """The fault matrix: every simulator fault against a route of providers over real sockets.
 
 The router is driven directly (no database): each case puts a fault on the first provider of
-a two- or three-provider route and checks the gateway outcome table (docs/architecture.md) —
+a two- or three-provider route and checks the gateway outcome table (docs/gateway.md) —
 which provider served, how often each was called, what text reached the caller (never
 duplicated, never reported complete when truncated) and which typed error came out.
 """
