@@ -18,7 +18,6 @@ from bullpen.agents.http import HttpAdapter
 from bullpen.agents.llm import LlmAdapter
 from bullpen.agents.outbound import OutboundAllow
 from bullpen.agents.team import Team
-from bullpen.bench.simprovider import SimConfig, SimulatedProvider
 from bullpen.gateway.breaker import BreakerPolicy, Breakers
 from bullpen.gateway.catalog import Price, Provider, Timeouts
 from bullpen.gateway.client import GatewayClient
@@ -37,6 +36,7 @@ from bullpen.services.routines import RoutineService, Scheduler
 from bullpen.services.secrets import SecretBox, load_secret
 from bullpen.services.tasks import TaskService
 from bullpen.settings import Settings
+from bullpen.simulator.provider import SimConfig, SimulatedProvider
 from bullpen.store.base import Store
 from bullpen.store.engine import create_store
 from bullpen.store.migrate import migrate
