@@ -28,8 +28,9 @@ from bullpen.queue.wakeup import Listener, Notifier, asyncpg_dsn
 from bullpen.queue.worker import Worker, WorkerTuning
 from bullpen.services.auth import AuthService
 from bullpen.services.bootstrap import SIMULATED_MODEL, SIMULATED_PROVIDER
-from bullpen.services.gateway import Directory, UsageLedger
+from bullpen.services.gateway import Directory
 from bullpen.services.housekeeping import Housekeeper, Retention
+from bullpen.services.ledger import UsageLedger
 from bullpen.services.passwords import HashCost, PasswordPool
 from bullpen.services.ratelimit import CallerLimits, FailureWindow, Slots, TokenBuckets
 from bullpen.services.routines import RoutineService, Scheduler

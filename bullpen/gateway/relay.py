@@ -35,7 +35,7 @@ Chunks = AsyncGenerator[list[dict[str, Any]], None]
 
 
 class Ledger(Protocol):
-    """Where usage rows go (`bullpen.services.gateway.UsageLedger`)."""
+    """Where usage rows go (`bullpen.services.ledger.UsageLedger`)."""
 
     def record(self, row: dict[str, Any]) -> asyncio.Future[None]:
         """Queue one row; the future says it committed."""
