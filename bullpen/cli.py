@@ -242,7 +242,7 @@ def sim_provider(
     ] = None,
 ) -> None:
     """Run the simulated OpenAI-compatible provider on its own."""
-    from bullpen.bench.simprovider import SimConfig, serve_forever
+    from bullpen.simulator.provider import SimConfig, serve_forever
 
     try:
         config = SimConfig(

@@ -25,6 +25,7 @@ from bullpen.domain.events import EventKind
 from bullpen.domain.status import RunStatus
 from bullpen.errors import AgentLoop, AgentStopped, BullpenError
 from bullpen.gateway.catalog import Target
+from bullpen.gateway.chunks import ToolCalls
 from bullpen.gateway.router import Call, Gateway, content_of
 from bullpen.store.runs import RunOutcome
 
@@ -395,44 +396,16 @@ class LlmAdapter:
     ) -> tuple[str, list[ToolCall]]:
         """One streaming completion: its text (streamed into the run) and tool calls."""
         parts: list[str] = []
-        calls: dict[int, dict[str, Any]] = {}
+        pieces = ToolCalls()
         async for batch in self._gateway.router.stream(chain, request, call):
             for chunk in batch:
                 text = content_of(chunk)
                 if text:
                     parts.append(text)
                     events.text(text)
-                _collect_tool_calls(chunk, calls)
-        found = [
-            ToolCall(c.get("id") or f"call_{i}", c.get("name", ""), "".join(c["arguments"]))
-            for i, c in sorted(calls.items())
-        ]
+                pieces.add(chunk)
+        found = [ToolCall(c.id or f"call_{c.index}", c.name, c.arguments) for c in pieces.calls()]
         return "".join(parts), found
-
-
-def _collect_tool_calls(chunk: dict[str, Any], calls: dict[int, dict[str, Any]]) -> None:
-    """Merge a chunk's tool call deltas (by index: id and name once, arguments in pieces)."""
-    choices = chunk.get("choices")
-    if not choices:
-        return
-    delta = choices[0].get("delta")
-    pieces = delta.get("tool_calls") if isinstance(delta, dict) else None
-    if not isinstance(pieces, list):
-        return
-    for piece in pieces:
-        if not isinstance(piece, dict):
-            continue
-        index = piece.get("index", 0)
-        index = index if isinstance(index, int) and not isinstance(index, bool) else 0
-        entry = calls.setdefault(index, {"arguments": []})
-        if isinstance(piece.get("id"), str):
-            entry["id"] = piece["id"]
-        function = piece.get("function")
-        if isinstance(function, dict):
-            if isinstance(function.get("name"), str) and function["name"]:
-                entry["name"] = function["name"]
-            if isinstance(function.get("arguments"), str):
-                entry["arguments"].append(function["arguments"])
 
 
 class _Delivered(Exception):

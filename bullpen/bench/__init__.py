@@ -1,1 +1,1 @@
-"""Benchmark tooling: load stages, the simulated provider and the `bullpen bench` runner."""
+"""Benchmark tooling: load stages and the `bullpen bench` runner, measured from outside."""

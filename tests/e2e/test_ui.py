@@ -11,7 +11,7 @@ from playwright.async_api import BrowserContext, Cookie, Page, expect
 
 from bullpen.agents.llm import DEFAULT_SYSTEM_PROMPT
 from bullpen.api.deps import SESSION_COOKIE
-from bullpen.bench.simprovider import completion_tokens
+from bullpen.simulator.provider import completion_tokens
 
 pytestmark = [
     pytest.mark.browser,

@@ -8,8 +8,8 @@ from uuid import UUID
 import aiohttp
 import sqlalchemy as sa
 
-from bullpen.bench.simprovider import completion_tokens
 from bullpen.domain.principal import Role
+from bullpen.simulator.provider import completion_tokens
 from bullpen.store import agents as agent_store
 from bullpen.store.tables import agents, api_keys, audit_events, tasks
 from tests.conftest import RunningServer

@@ -10,8 +10,8 @@ import pytest
 import sqlalchemy as sa
 
 from bullpen.agents.llm import DEFAULT_SYSTEM_PROMPT
-from bullpen.bench.simprovider import completion_tokens
 from bullpen.domain.principal import Role
+from bullpen.simulator.provider import completion_tokens
 from bullpen.store import agents as agent_store
 from bullpen.store.tables import audit_events, run_events, tasks
 from tests.conftest import RunningServer

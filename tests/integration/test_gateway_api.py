@@ -15,7 +15,7 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from bullpen.bench.simprovider import SimConfig, SimulatedProvider, completion_tokens
+from bullpen.simulator.provider import SimConfig, SimulatedProvider, completion_tokens
 from bullpen.store.tables import audit_events, cost_events, providers
 from tests.conftest import RunningServer
 from tests.integration.client import PROBLEM, bearer, call, problem, problem_of

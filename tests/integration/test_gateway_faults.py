@@ -17,7 +17,6 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from bullpen.bench.simprovider import SimConfig, SimulatedProvider, completion_tokens
 from bullpen.errors import (
     ProviderAuth,
     ProviderError,
@@ -32,6 +31,7 @@ from bullpen.gateway.catalog import Price, Provider, Target, Timeouts
 from bullpen.gateway.client import GatewayClient
 from bullpen.gateway.metrics import GatewayMetrics
 from bullpen.gateway.router import Call, Router, content_of
+from bullpen.simulator.provider import SimConfig, SimulatedProvider, completion_tokens
 
 TOKENS = 8
 SIM = SimConfig(ttft_ms=5, tokens_per_second=2000, response_tokens=TOKENS, models=("m",))

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 
 from bullpen.app import open_store
-from bullpen.services.gateway import UsageLedger
+from bullpen.services.ledger import UsageLedger
 from bullpen.settings import Settings
 from bullpen.store.base import Store
 from bullpen.store.tables import cost_events

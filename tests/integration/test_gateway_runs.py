@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from bullpen.agents.llm import DEFAULT_SYSTEM_PROMPT
-from bullpen.bench.simprovider import SimConfig, SimulatedProvider, completion_tokens
+from bullpen.simulator.provider import SimConfig, SimulatedProvider, completion_tokens
 from bullpen.store.tables import cost_events, metadata, users
 from tests.conftest import RunningServer
 from tests.integration.client import call, problem

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bullpen.bench.simprovider import SimConfig, SimulatedProvider
+from bullpen.simulator.provider import SimConfig, SimulatedProvider
 from tests.conftest import RunningServer
 from tests.integration.client import call, problem
 

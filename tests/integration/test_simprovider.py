@@ -16,7 +16,7 @@ import aiohttp
 import orjson
 import pytest
 
-from bullpen.bench.simprovider import (
+from bullpen.simulator.provider import (
     SimConfig,
     SimulatedProvider,
     completion_tokens,

@@ -9,14 +9,14 @@ the call's end.
 Streaming answers start once the first content has arrived: until then a failure is still an
 ordinary HTTP error (problem+json, with an OpenAI-style `error` member too). A failure after
 content ends the stream with an `error` event and no `[DONE]`, which OpenAI clients raise.
+This module is the HTTP side; the call itself, its answer and its metering are in
+`bullpen.gateway.relay`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
-import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
@@ -45,10 +45,10 @@ from bullpen.api.deps import (
     services_of,
 )
 from bullpen.api.schemas import integral
-from bullpen.app import Services
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
-from bullpen.errors import BullpenError, ProviderIncomplete
+from bullpen.gateway.relay import DONE as _DONE
+from bullpen.gateway.relay import RelayAnswer, open_call, sse_frames, until_content
 from bullpen.gateway.router import Call
 
 MAX_MESSAGES = 2000
@@ -57,7 +57,6 @@ MAX_OUTPUT_TOKENS = 1_000_000
 OutputTokens = Annotated[
     int, Field(ge=1, le=MAX_OUTPUT_TOKENS, strict=True), BeforeValidator(integral)
 ]
-_DONE = b"data: [DONE]\n\n"
 # What a header value may carry as is: visible ASCII, except `%` (the escape itself).
 _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
 
@@ -199,13 +198,17 @@ async def list_models(principal: Caller, svc: ServicesDep) -> ModelCards:
 
 async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDep) -> Response:
     """Call a model through the gateway, streamed or not."""
-    catalog = await svc.directory.catalog(principal.workspace_id)
-    chain = catalog.resolve(body.model)
-    svc.relay_slots.take(str(principal.workspace_id), principal.scope_id)
-    call = Call()
-    chunks = svc.gateway.router.stream(chain, body.upstream(), call)
-    settle = _Settle(svc, principal, call, chunks)
-    answer = _Answer(body.model)
+    call, chunks, settle = await open_call(
+        svc.directory,
+        svc.gateway.router,
+        principal,
+        body.model,
+        body.upstream(),
+        ledger=svc.ledger,
+        slots=svc.relay_slots,
+        clock=svc.clock,
+    )
+    answer = RelayAnswer(body.model)
     try:
         if not body.stream:
             async for batch in chunks:
@@ -217,7 +220,7 @@ async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDe
                 media_type="application/json",
                 headers=_served_headers(call),
             )
-        opening = await _until_content(chunks)
+        opening = await until_content(chunks)
     except BaseException:
         settle()
         raise
@@ -228,7 +231,7 @@ async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDe
         task.add_done_callback(lambda _: settle())
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     return EventStream(
-        _sse(settle, answer, opening, chunks, include_usage),
+        sse_frames(settle, answer, opening, chunks, include_usage),
         headers={"Cache-Control": "no-cache", **_served_headers(call)},
     )
 
@@ -330,188 +333,6 @@ class EventStream(Response):
             await self._frames.aclose()
 
 
-class _Settle:
-    """Ends a relay call exactly once: closes the upstream stream if still open, records the
-    usage against the caller, and gives back the stream slot."""
-
-    __slots__ = ("_call", "_chunks", "_done", "_principal", "_svc")
-
-    def __init__(
-        self,
-        svc: Services,
-        principal: Principal,
-        call: Call,
-        chunks: AsyncGenerator[list[dict[str, Any]], None],
-    ) -> None:
-        self._svc = svc
-        self._principal = principal
-        self._call = call
-        self._chunks = chunks
-        self._done = False
-
-    @property
-    def call(self) -> Call:
-        """The gateway call being settled."""
-        return self._call
-
-    def __call__(self) -> None:
-        """The call ended: close upstream if still open, queue its usage for the ledger (which
-        commits it within moments; the caller does not wait for that), free the slot."""
-        if self._done:
-            return
-        self._done = True
-        if getattr(self._chunks, "ag_frame", None) is not None:
-            # Unfinished (a client gone mid-stream): closing it closes the upstream request.
-            _background(self._chunks.aclose())
-        _record(self._svc, self._principal, self._call)
-        self._svc.relay_slots.give_back(str(self._principal.workspace_id), self._principal.scope_id)
-
-
-_closing: set[asyncio.Task[None]] = set()
-
-
-def _background(closing: Coroutine[Any, Any, None]) -> None:
-    task = asyncio.get_running_loop().create_task(closing)
-    _closing.add(task)
-    task.add_done_callback(_closing.discard)
-
-
-async def _until_content(
-    chunks: AsyncIterator[list[dict[str, Any]]],
-) -> list[dict[str, Any]]:
-    """The first batch: it holds the first content (the router yields nothing before it)."""
-    async for batch in chunks:
-        return batch
-    return []
-
-
-async def _sse(
-    settle: _Settle,
-    answer: _Answer,
-    opening: list[dict[str, Any]],
-    chunks: AsyncIterator[list[dict[str, Any]]],
-    include_usage: bool,
-) -> AsyncGenerator[bytes, None]:
-    # One yield (one socket write) per upstream read: what arrived together leaves together.
-    try:
-        yield answer.frame([{"index": 0, "delta": {"role": "assistant", "content": ""}}]) + (
-            answer.frames(opening)
-        )
-        try:
-            async for batch in chunks:
-                frames = answer.frames(batch)
-                if frames:
-                    yield frames
-        except BullpenError as err:
-            # Content went out already: say so in-band, and never send [DONE].
-            yield _error_frame(err)
-            return
-        settle()
-        yield (answer.usage_frame(settle.call) if include_usage else b"") + _DONE
-    finally:
-        settle()
-
-
-def _error_frame(err: BullpenError) -> bytes:
-    code = err.slug if not isinstance(err, ProviderIncomplete) else "provider-incomplete"
-    return (
-        b"data: "
-        + orjson.dumps({"error": {"message": err.detail, "type": code, "code": code}})
-        + b"\n\n"
-    )
-
-
-class _Answer:
-    """Chunks in our own envelope (our id, the model name the caller used), and the whole
-    answer for non-streaming callers."""
-
-    __slots__ = ("_created", "_head", "_id", "_model", "finish_reason", "text", "tool_calls")
-
-    def __init__(self, model: str) -> None:
-        self._id = "chatcmpl-" + secrets.token_hex(12)
-        self._created = int(time.time())
-        self._model = model
-        envelope = {
-            "id": self._id,
-            "object": "chat.completion.chunk",
-            "created": self._created,
-            "model": model,
-        }
-        self._head = b"data: " + orjson.dumps(envelope)[:-1] + b',"choices":'
-        self.text: list[str] = []
-        self.tool_calls: dict[int, dict[str, Any]] = {}
-        self.finish_reason: str | None = None
-
-    def frame(self, choices: list[dict[str, Any]]) -> bytes:
-        """One SSE frame carrying `choices`."""
-        return self._head + orjson.dumps(choices) + b"}\n\n"
-
-    def frames(self, batch: list[dict[str, Any]]) -> bytes:
-        """The frames for upstream chunks (its usage-only chunk is replaced by ours)."""
-        return b"".join(self.frame(c["choices"]) for c in batch if c.get("choices"))
-
-    def usage_frame(self, call: Call) -> bytes:
-        """The trailing usage chunk OpenAI sends with `include_usage`."""
-        return self._head + b"[]" + b',"usage":' + orjson.dumps(_usage(call)) + b"}\n\n"
-
-    def absorb(self, chunk: dict[str, Any]) -> None:
-        """Collect a chunk into the whole answer (text, tool calls, finish reason)."""
-        choices = chunk.get("choices")
-        if not choices:
-            return
-        choice = choices[0]
-        if choice.get("finish_reason"):
-            self.finish_reason = choice["finish_reason"]
-        delta = choice.get("delta") or {}
-        content = delta.get("content")
-        if isinstance(content, str):
-            self.text.append(content)
-        for piece in delta.get("tool_calls") or ():
-            if not isinstance(piece, dict):
-                continue
-            index = piece.get("index", 0)
-            whole = self.tool_calls.setdefault(
-                index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-            )
-            if piece.get("id"):
-                whole["id"] = piece["id"]
-            function = piece.get("function") or {}
-            whole["function"]["name"] += function.get("name") or ""
-            whole["function"]["arguments"] += function.get("arguments") or ""
-
-    def completion(self, call: Call) -> dict[str, Any]:
-        """The non-streaming answer."""
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text) or None}
-        if self.tool_calls:
-            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
-        elif message["content"] is None:
-            message["content"] = ""
-        return {
-            "id": self._id,
-            "object": "chat.completion",
-            "created": self._created,
-            "model": self._model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "logprobs": None,
-                    "finish_reason": self.finish_reason,
-                }
-            ],
-            "usage": _usage(call),
-        }
-
-
-def _usage(call: Call) -> dict[str, Any]:
-    return {
-        "prompt_tokens": call.input_tokens,
-        "completion_tokens": call.output_tokens,
-        "total_tokens": call.input_tokens + call.output_tokens,
-        "prompt_tokens_details": {"cached_tokens": call.cached_input_tokens},
-    }
-
-
 def _served_headers(call: Call) -> dict[str, str]:
     served = call.served_by
     if served is None:
@@ -522,26 +343,3 @@ def _served_headers(call: Call) -> dict[str, str]:
         "X-Bullpen-Provider": served.provider.name,
         "X-Bullpen-Model": quote(served.model, safe=_HEADER_SAFE),
     }
-
-
-def _record(svc: Services, principal: Principal, call: Call) -> asyncio.Future[None] | None:
-    """The call's usage in the ledger, against the caller; None if it used nothing."""
-    served = call.served_by
-    if served is None or call.cost_usd is None:
-        return None
-    return svc.ledger.record(
-        {
-            "workspace_id": principal.workspace_id,
-            "run_id": None,
-            "agent_id": principal.agent_id,
-            "user_id": principal.user_id,
-            "api_key_id": principal.api_key_id,
-            "provider": served.provider.name,
-            "model": call.model or served.model,
-            "input_tokens": call.input_tokens,
-            "cached_input_tokens": call.cached_input_tokens,
-            "output_tokens": call.output_tokens,
-            "cost_usd": call.cost_usd,
-            "created_at": svc.clock(),
-        }
-    )

@@ -7,7 +7,7 @@ A turn is either `{"text": "..."}` or `{"tool_calls": [{"name": "...", "argument
 In a turn's strings, `{{context}}` is replaced by the content of the conversation's last user
 message (where an agent's run finds what its subtasks ended with).
 
-This is how tests and `bullpen bench --workflow` script a team of agents without a real model.
+This is how tests and the workflow benchmark script a team of agents without a real model.
 """
 
 from __future__ import annotations

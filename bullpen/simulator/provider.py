@@ -14,8 +14,8 @@ tested over real sockets. A request's fault comes from, highest precedence first
 that whole name, while `/v1/models` lists only the plain names); the provider's `fault`, which
 starts as `SimConfig.fault` and may be changed while it runs. Faults apply to valid requests: a
 malformed body or an unknown base model is refused as usual, and a bad spec is a 400 with code
-`invalid_fault`. The spec grammar and what each fault does are in `bullpen.bench.simfaults`, and
-how a request body is read and checked is in `bullpen.bench.simrequest`.
+`invalid_fault`. The spec grammar and what each fault does are in `bullpen.simulator.faults`, and
+how a request body is read and checked is in `bullpen.simulator.request`.
 `SimulatedProvider.requests` counts every chat completion request by the model it named, faulted
 and refused ones included.
 """
@@ -41,7 +41,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from bullpen import gcpolicy
-from bullpen.bench.simfaults import (
+from bullpen.simulator.faults import (
     ERROR_FRAME,
     NO_FAULT,
     End,
@@ -52,7 +52,7 @@ from bullpen.bench.simfaults import (
     internal_error,
     parse_fault,
 )
-from bullpen.bench.simrequest import (
+from bullpen.simulator.request import (
     MAX_BODY_BYTES,
     ApiError,
     ChatRequest,
@@ -60,7 +60,7 @@ from bullpen.bench.simrequest import (
     parse_chat,
     read_json,
 )
-from bullpen.bench.simscript import ScriptError, ToolCall, scripted_turn
+from bullpen.simulator.script import ScriptError, ToolCall, scripted_turn
 
 __all__ = ["SimConfig", "SimulatedProvider", "build_app", "completion_tokens", "serve_forever"]
 
@@ -105,7 +105,7 @@ class SimConfig:
     response_tokens: int = 64
     models: tuple[str, ...] = ("sim-1",)
     api_key: str | None = None
-    fault: str | None = None  # a fault spec (see simfaults) for every request
+    fault: str | None = None  # a fault spec (see bullpen.simulator.faults) for every request
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.ttft_ms) and self.ttft_ms >= 0):

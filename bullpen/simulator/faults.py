@@ -1,6 +1,6 @@
 """Fault modes of the simulated provider: the spec grammar, its parser and the canned answers.
 
-A fault makes `bullpen.bench.simprovider` misbehave the way real providers do, so timeouts,
+A fault makes `bullpen.simulator.provider` misbehave the way real providers do, so timeouts,
 retries and fallbacks can be tested over real sockets (how a request picks its fault is in that
 module's docstring). A spec is `name` or `name:arg`:
 

@@ -1,0 +1,289 @@
+"""The relay's core: a caller's OpenAI call through the router, its answer and its metering.
+
+`open_call` resolves the caller's `model` in its workspace's catalog, takes one of the
+caller's stream slots and starts the router's stream (fallback, timeouts, breakers and key
+redaction all happen there). The caller then reads the chunks either into one whole answer
+(`RelayAnswer.absorb`, `RelayAnswer.completion`) or as SSE frames in Bullpen's own envelope
+(`sse_frames`). Whatever ends the call settles it exactly once (`Settle`): the upstream stream
+is closed if still open, the usage is queued for the ledger against the caller (the call's end
+does not wait for that commit) and the slot is given back.
+
+A failure after content went out ends the frames with an `error` event and no `[DONE]`, which
+OpenAI clients raise. The HTTP side (schemas, authentication, response classes, headers) is
+in `bullpen.api.routes.relay`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
+from datetime import datetime
+from typing import Any, Protocol
+
+import orjson
+
+from bullpen.domain.principal import Principal
+from bullpen.errors import BullpenError, ProviderIncomplete
+from bullpen.gateway.chunks import ToolCalls
+from bullpen.gateway.router import Call, CatalogSource, Router
+
+DONE = b"data: [DONE]\n\n"
+
+Chunks = AsyncGenerator[list[dict[str, Any]], None]
+
+
+class Ledger(Protocol):
+    """Where usage rows go (`bullpen.services.ledger.UsageLedger`)."""
+
+    def record(self, row: dict[str, Any]) -> asyncio.Future[None]:
+        """Queue one row; the future says it committed."""
+        ...
+
+
+class StreamSlots(Protocol):
+    """Bounds the calls open at once per workspace and caller."""
+
+    def take(self, workspace: str, caller: str) -> None:
+        """Take a slot, or raise when none is free."""
+        ...
+
+    def give_back(self, workspace: str, caller: str) -> None:
+        """Free a slot taken by `take`."""
+        ...
+
+
+class Settle:
+    """Ends a relay call exactly once: closes the upstream stream if still open, records the
+    usage against the caller, and gives back the stream slot."""
+
+    __slots__ = ("_call", "_chunks", "_clock", "_done", "_ledger", "_principal", "_slots")
+
+    def __init__(
+        self,
+        call: Call,
+        chunks: Chunks,
+        principal: Principal,
+        *,
+        ledger: Ledger,
+        slots: StreamSlots,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self._call = call
+        self._chunks = chunks
+        self._principal = principal
+        self._ledger = ledger
+        self._slots = slots
+        self._clock = clock
+        self._done = False
+
+    @property
+    def call(self) -> Call:
+        """The gateway call being settled."""
+        return self._call
+
+    def __call__(self) -> None:
+        """The call ended: close upstream if still open, queue its usage for the ledger (which
+        commits it within moments; the caller does not wait for that), free the slot."""
+        if self._done:
+            return
+        self._done = True
+        if getattr(self._chunks, "ag_frame", None) is not None:
+            # Unfinished (a client gone mid-stream): closing it closes the upstream request.
+            _background(self._chunks.aclose())
+        row = usage_row(self._principal, self._call, self._clock)
+        if row is not None:
+            self._ledger.record(row)
+        self._slots.give_back(str(self._principal.workspace_id), self._principal.scope_id)
+
+
+async def open_call(
+    catalogs: CatalogSource,
+    router: Router,
+    principal: Principal,
+    model: str,
+    body: dict[str, Any],
+    *,
+    ledger: Ledger,
+    slots: StreamSlots,
+    clock: Callable[[], datetime],
+) -> tuple[Call, Chunks, Settle]:
+    """Start one relayed call: the call's record, its chunks (not read yet) and its settling.
+
+    An unknown model or a caller out of slots raises here, before anything needs settling."""
+    catalog = await catalogs.catalog(principal.workspace_id)
+    chain = catalog.resolve(model)
+    slots.take(str(principal.workspace_id), principal.scope_id)
+    call = Call()
+    chunks = router.stream(chain, body, call)
+    return call, chunks, Settle(call, chunks, principal, ledger=ledger, slots=slots, clock=clock)
+
+
+_closing: set[asyncio.Task[None]] = set()
+
+
+def _background(closing: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.get_running_loop().create_task(closing)
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
+async def until_content(
+    chunks: AsyncIterator[list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """The first batch: it holds the first content (the router yields nothing before it)."""
+    async for batch in chunks:
+        return batch
+    return []
+
+
+async def sse_frames(
+    settle: Settle,
+    answer: RelayAnswer,
+    opening: list[dict[str, Any]],
+    chunks: AsyncIterator[list[dict[str, Any]]],
+    include_usage: bool,
+) -> AsyncGenerator[bytes, None]:
+    """The streamed answer as SSE bytes: the role chunk with the opening batch, one yield per
+    upstream read, then the usage chunk (if asked for) and `[DONE]`; settles the call."""
+    # One yield (one socket write) per upstream read: what arrived together leaves together.
+    try:
+        yield answer.frame([{"index": 0, "delta": {"role": "assistant", "content": ""}}]) + (
+            answer.frames(opening)
+        )
+        try:
+            async for batch in chunks:
+                frames = answer.frames(batch)
+                if frames:
+                    yield frames
+        except BullpenError as err:
+            # Content went out already: say so in-band, and never send [DONE].
+            yield error_frame(err)
+            return
+        settle()
+        yield (answer.usage_frame(settle.call) if include_usage else b"") + DONE
+    finally:
+        settle()
+
+
+def error_frame(err: BullpenError) -> bytes:
+    """The in-band `error` event that ends a stream which already sent content."""
+    code = err.slug if not isinstance(err, ProviderIncomplete) else "provider-incomplete"
+    return (
+        b"data: "
+        + orjson.dumps({"error": {"message": err.detail, "type": code, "code": code}})
+        + b"\n\n"
+    )
+
+
+class RelayAnswer:
+    """Chunks in our own envelope (our id, the model name the caller used), and the whole
+    answer for non-streaming callers."""
+
+    __slots__ = ("_created", "_head", "_id", "_model", "finish_reason", "text", "tool_calls")
+
+    def __init__(self, model: str) -> None:
+        self._id = "chatcmpl-" + secrets.token_hex(12)
+        self._created = int(time.time())
+        self._model = model
+        envelope = {
+            "id": self._id,
+            "object": "chat.completion.chunk",
+            "created": self._created,
+            "model": model,
+        }
+        self._head = b"data: " + orjson.dumps(envelope)[:-1] + b',"choices":'
+        self.text: list[str] = []
+        self.tool_calls = ToolCalls()
+        self.finish_reason: str | None = None
+
+    def frame(self, choices: list[dict[str, Any]]) -> bytes:
+        """One SSE frame carrying `choices`."""
+        return self._head + orjson.dumps(choices) + b"}\n\n"
+
+    def frames(self, batch: list[dict[str, Any]]) -> bytes:
+        """The frames for upstream chunks (its usage-only chunk is replaced by ours)."""
+        return b"".join(self.frame(c["choices"]) for c in batch if c.get("choices"))
+
+    def usage_frame(self, call: Call) -> bytes:
+        """The trailing usage chunk OpenAI sends with `include_usage`."""
+        return self._head + b"[]" + b',"usage":' + orjson.dumps(usage_of(call)) + b"}\n\n"
+
+    def absorb(self, chunk: dict[str, Any]) -> None:
+        """Collect a chunk into the whole answer (text, tool calls, finish reason)."""
+        choices = chunk.get("choices")
+        if not choices:
+            return
+        choice = choices[0]
+        if choice.get("finish_reason"):
+            self.finish_reason = choice["finish_reason"]
+        delta = choice.get("delta") or {}
+        content = delta.get("content")
+        if isinstance(content, str):
+            self.text.append(content)
+        if isinstance(delta, dict):
+            self.tool_calls.add_delta(delta)
+
+    def completion(self, call: Call) -> dict[str, Any]:
+        """The non-streaming answer."""
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text) or None}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in self.tool_calls.calls()
+            ]
+        elif message["content"] is None:
+            message["content"] = ""
+        return {
+            "id": self._id,
+            "object": "chat.completion",
+            "created": self._created,
+            "model": self._model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": self.finish_reason,
+                }
+            ],
+            "usage": usage_of(call),
+        }
+
+
+def usage_of(call: Call) -> dict[str, Any]:
+    """A call's usage in OpenAI's `usage` shape."""
+    return {
+        "prompt_tokens": call.input_tokens,
+        "completion_tokens": call.output_tokens,
+        "total_tokens": call.input_tokens + call.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": call.cached_input_tokens},
+    }
+
+
+def usage_row(
+    principal: Principal, call: Call, clock: Callable[[], datetime]
+) -> dict[str, Any] | None:
+    """The call's ledger row, against the caller; None if it used nothing."""
+    served = call.served_by
+    if served is None or call.cost_usd is None:
+        return None
+    return {
+        "workspace_id": principal.workspace_id,
+        "run_id": None,
+        "agent_id": principal.agent_id,
+        "user_id": principal.user_id,
+        "api_key_id": principal.api_key_id,
+        "provider": served.provider.name,
+        "model": call.model or served.model,
+        "input_tokens": call.input_tokens,
+        "cached_input_tokens": call.cached_input_tokens,
+        "output_tokens": call.output_tokens,
+        "cost_usd": call.cost_usd,
+        "created_at": clock(),
+    }
