@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     forwarded_allow_ips: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     secret_key: str | None = None
+    # Log lines on stderr: `json` (one object a line, for collectors), `text` (for people), or
+    # `auto`: text when stderr is a terminal, else JSON.
+    log_format: Literal["auto", "json", "text"] = "auto"
 
     # Limits (documented in docs/api.md, "Limits").
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,6 +50,9 @@ def test_init_is_idempotent_and_shows_secrets_once(tmp_path: Path) -> None:
 def test_the_printed_curl_line_streams_a_completion(tmp_path: Path) -> None:
     stderr = _up_and_run_the_curl_line(_env(tmp_path / "data"))
     assert "bp_" not in stderr.split("Create a task")[-1]  # the key appears only in the banner
+    # Off a terminal the logs are JSON lines; a new database's migrations are one of them.
+    [migrated] = _migration_messages(stderr)
+    assert re.fullmatch(r"database schema created \(\d{4}, \d+ revisions\)", migrated)
 
 
 def test_on_a_later_start_the_curl_line_works_with_the_key_in_the_environment(
@@ -58,7 +62,18 @@ def test_on_a_later_start_the_curl_line_works_with_the_key_in_the_environment(
     it once did so inside single quotes, where the shell never expands it."""
     env = _env(tmp_path / "data")
     first = json.loads(_bullpen("init", "--json", env=env).stdout)
-    _up_and_run_the_curl_line(env, BULLPEN_API_KEY=first["api_key"])
+    stderr = _up_and_run_the_curl_line(env, BULLPEN_API_KEY=first["api_key"])
+    [migrated] = _migration_messages(stderr)
+    assert re.fullmatch(r"database schema up to date \(\d{4}\)", migrated)
+
+
+def _migration_messages(stderr: str) -> list[str]:
+    """What the migrations logged; every log line (the banner's are not JSON) must parse and
+    carry time, level, logger and message, and alembic's own lines stay silent."""
+    records = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    assert records and all({"time", "level", "logger", "message"} <= set(r) for r in records)
+    assert not [r for r in records if r["logger"].startswith("alembic")]
+    return [r["message"] for r in records if r["logger"] == "bullpen.store.migrate"]
 
 
 def _up_and_run_the_curl_line(env: dict[str, str], **shell_env: str) -> str:

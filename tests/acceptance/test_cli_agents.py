@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bullpen.apiclient import request
+from bullpen.cli.client import request
 from bullpen.settings import Settings
 from tests.acceptance.processes import (
     BullpenCli,

@@ -2,7 +2,7 @@
 
 Every command talks to a running server's agents API, so each change is authorized and audited
 there like any other client's. An agent is named by its name or its id; names are resolved
-through the agent list. `bullpen.cli` mounts `agents_cli` as a sub-command.
+through the agent list. `bullpen.cli.main` mounts `agents_cli` as a sub-command.
 """
 
 from __future__ import annotations
@@ -14,18 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from bullpen.cli_gateway import (
-    DEFAULT_URL,
-    AsJson,
-    ServerKey,
-    ServerUrl,
-    _call,
-    _fail,
-    _print_json,
-    _print_table,
-    console,
-    read_secret,
-)
+from bullpen.cli.client import call
+from bullpen.cli.options import DEFAULT_URL, ServerKey, ServerUrl, read_secret
+from bullpen.cli.output import AsJson, fail, print_json, print_table, say
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -63,11 +54,6 @@ ReportsTo = Annotated[
 _STATUS_STYLE = {"active": "green", "paused": "yellow", "terminated": "red"}
 
 
-def _say(message: str) -> None:
-    """A confirmation, on stderr so that stdout stays parseable."""
-    console.print(message, markup=False, highlight=False)
-
-
 def _status(status: str) -> Text:
     from rich.text import Text
 
@@ -76,7 +62,7 @@ def _status(status: str) -> Text:
 
 def _agents(url: str, key: str) -> list[dict[str, Any]]:
     """Every agent of the workspace, as `GET /api/v1/agents` lists them."""
-    items: list[dict[str, Any]] = _call(url, key, "GET", "/api/v1/agents")["items"]
+    items: list[dict[str, Any]] = call(url, key, "GET", "/api/v1/agents")["items"]
     return items
 
 
@@ -88,7 +74,7 @@ def _resolve(agents: list[dict[str, Any]], ref: str) -> dict[str, Any]:
     for agent in agents:
         if agent["id"] == ref.lower():
             return agent
-    _fail(f"no agent named {ref!r}")
+    fail(f"no agent named {ref!r}")
 
 
 def _find(url: str, key: str, ref: str) -> dict[str, Any]:
@@ -99,9 +85,9 @@ def _find(url: str, key: str, ref: str) -> dict[str, Any]:
 def _done(verb: str, agent: dict[str, Any], as_json: bool) -> None:
     """Print the API's agent with --json, else one line saying what happened to it."""
     if as_json:
-        _print_json(agent)
+        print_json(agent)
     else:
-        _say(f"{verb} agent {agent['name']} ({agent['adapter']}, {agent['status']})")
+        say(f"{verb} agent {agent['name']} ({agent['adapter']}, {agent['status']})")
 
 
 @agents_cli.command("list")
@@ -112,9 +98,9 @@ def agents_list(
     from rich.table import Table
     from rich.text import Text
 
-    body = _call(url, api_key, "GET", "/api/v1/agents")
+    body = call(url, api_key, "GET", "/api/v1/agents")
     if as_json:
-        _print_json(body)
+        print_json(body)
         return
     names = {agent["id"]: agent["name"] for agent in body["items"]}
     table = Table("name", "title", "adapter", "status", "reports to", "max runs")
@@ -128,7 +114,7 @@ def agents_list(
             Text(manager),
             Text(str(agent["max_concurrent_runs"])),
         )
-    _print_table(table)
+    print_table(table)
 
 
 @agents_cli.command("tree")
@@ -139,12 +125,12 @@ def agents_tree(
     from rich.text import Text
     from rich.tree import Tree
 
-    body = _call(url, api_key, "GET", "/api/v1/agents/tree")
+    body = call(url, api_key, "GET", "/api/v1/agents/tree")
     if as_json:
-        _print_json(body)
+        print_json(body)
         return
     if not body["roots"]:
-        _say("no agents")
+        say("no agents")
         return
 
     def grow(branch: Tree, nodes: list[dict[str, Any]]) -> None:
@@ -160,7 +146,7 @@ def agents_tree(
 
     chart = Tree("agents", hide_root=True)
     grow(chart, body["roots"])
-    _print_table(chart)
+    print_table(chart)
 
 
 @agents_cli.command("show")
@@ -174,7 +160,7 @@ def agents_show(
     agents = _agents(url, api_key)
     found = _resolve(agents, agent)
     if as_json:
-        _print_json(found)
+        print_json(found)
         return
     names = {other["id"]: other["name"] for other in agents}
     reports = [other["name"] for other in agents if other["reports_to"] == found["id"]]
@@ -194,7 +180,7 @@ def agents_show(
     grid = Table.grid(padding=(0, 2))
     for key, value in rows:
         grid.add_row(Text(key, style="bold"), value)
-    _print_table(grid)
+    print_table(grid)
 
 
 def _secret(env_var: str | None, from_stdin: bool) -> str | None:
@@ -233,9 +219,9 @@ def _read_prompt(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        _fail(f"{path} is not UTF-8 text")
+        fail(f"{path} is not UTF-8 text")
     except OSError as err:
-        _fail(f"cannot read {path}: {err.strerror}")
+        fail(f"cannot read {path}: {err.strerror}")
 
 
 @agents_cli.command("create")
@@ -341,7 +327,7 @@ def agents_create(
         body["max_concurrent_runs"] = max_runs
     if reports_to is not None:
         body["reports_to"] = _find(url, api_key, reports_to)["id"]
-    made = _call(url, api_key, "POST", "/api/v1/agents", body, create=True)
+    made = call(url, api_key, "POST", "/api/v1/agents", body, create=True)
     _done("created", made, as_json)
 
 
@@ -378,17 +364,17 @@ def agents_set(
     found = _resolve(agents, agent)
     if reports_to is not None:
         body["reports_to"] = _resolve(agents, reports_to)["id"]
-    made = _call(url, api_key, "PATCH", f"/api/v1/agents/{found['id']}", body)
+    made = call(url, api_key, "PATCH", f"/api/v1/agents/{found['id']}", body)
     _done("updated", made, as_json)
 
 
 def _set_status(url: str, key: str, found: dict[str, Any], action: str, as_json: bool) -> None:
     """POST the agent's pause, resume or terminate action and print its new status."""
-    made = _call(url, key, "POST", f"/api/v1/agents/{found['id']}/{action}")
+    made = call(url, key, "POST", f"/api/v1/agents/{found['id']}/{action}")
     if as_json:
-        _print_json(made)
+        print_json(made)
     else:
-        _say(f"agent {made['name']} is {made['status']}")
+        say(f"agent {made['name']} is {made['status']}")
 
 
 @agents_cli.command("pause")
@@ -422,7 +408,7 @@ def agents_terminate(
         f"Terminate agent {found['name']}? Its open tasks are cancelled and it cannot be resumed."
     )
     if not yes and not typer.confirm(question, err=True):
-        _say(f"agent {found['name']} was not terminated")
+        say(f"agent {found['name']} was not terminated")
         raise typer.Exit(1)
     _set_status(url, api_key, found, "terminate", as_json)
 
@@ -432,5 +418,5 @@ def agents_delete(agent: AgentRef, url: ServerUrl = DEFAULT_URL, *, api_key: Ser
     """Delete an agent with no tasks and no reports (else refused: pause or terminate it, or
     give its reports another manager first)."""
     found = _find(url, api_key, agent)
-    _call(url, api_key, "DELETE", f"/api/v1/agents/{found['id']}")
-    _say(f"deleted agent {found['name']}")
+    call(url, api_key, "DELETE", f"/api/v1/agents/{found['id']}")
+    say(f"deleted agent {found['name']}")

@@ -1,20 +1,20 @@
 """`bullpen providers …` and `bullpen routes …`: the gateway's providers and model routes.
 
 They change the gateway through the HTTP API, so each change is authorized and audited like any
-other client's. `bullpen.cli` mounts `providers_cli` and `routes_cli` as sub-commands.
+other client's. `bullpen.cli.main` mounts `providers_cli` and `routes_cli` as sub-commands.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+
+from bullpen.cli.client import call
+from bullpen.cli.options import DEFAULT_URL, ServerKey, ServerUrl, read_secret
+from bullpen.cli.output import AsJson, fail, print_json, print_table, say
 
 __all__ = ["providers_cli", "routes_cli"]
-
-console = Console(stderr=True)
 
 providers_cli = typer.Typer(
     help="The gateway's LLM providers, managed through a running server's API.",
@@ -25,19 +25,6 @@ routes_cli = typer.Typer(
     no_args_is_help=True,
 )
 
-ServerUrl = Annotated[
-    str, typer.Option("--url", envvar="BULLPEN_URL", help="The Bullpen server (BULLPEN_URL).")
-]
-ServerKey = Annotated[
-    str,
-    typer.Option(
-        "--api-key",
-        envvar="BULLPEN_API_KEY",
-        show_envvar=False,
-        help="Bullpen API key; prefer BULLPEN_API_KEY, which stays out of shell history.",
-    ),
-]
-AsJson = Annotated[bool, typer.Option("--json", help="Print the API's JSON body.")]
 KeyEnv = Annotated[
     str | None,
     typer.Option("--api-key-env", metavar="VAR", help="Take the provider's key from $VAR."),
@@ -64,56 +51,16 @@ IdleTimeout = Annotated[
     float | None, typer.Option(metavar="S", help="Seconds between two chunks of a stream.")
 ]
 Deadline = Annotated[float | None, typer.Option(metavar="S", help="Seconds for a whole attempt.")]
-DEFAULT_URL = "http://127.0.0.1:8000"
-
-
-def _fail(detail: str, errors: list[dict[str, Any]] | None = None) -> NoReturn:
-    """Print `error: <detail>` (and any field problems) to stderr and exit 1."""
-    from rich.text import Text
-
-    console.print(Text.assemble(("error:", "red"), " ", detail), soft_wrap=True)
-    for err in errors or []:
-        where = err.get("field") or err.get("location") or "request"
-        console.print(Text(f"  {where}: {err.get('message')}"), soft_wrap=True)
-    raise typer.Exit(1)
-
-
-def _call(
-    url: str, key: str, method: str, path: str, body: Any = None, *, create: bool = False
-) -> Any:
-    """One API request; a refusal or an unreachable server ends the command with exit 1."""
-    import uuid
-
-    from bullpen.apiclient import ApiError, request
-    from bullpen.errors import BullpenError
-
-    try:
-        # A fresh Idempotency-Key per invocation: a retried POST cannot create twice.
-        idem = str(uuid.uuid4()) if create else None
-        return request(method, url, path, api_key=key, body=body, idempotency_key=idem)[1]
-    except ApiError as err:
-        hint = " (check --api-key or BULLPEN_API_KEY)" if err.http_status == 401 else ""
-        _fail(err.detail + hint, err.errors)
-    except BullpenError as err:
-        _fail(err.detail, err.errors)
 
 
 def _find(url: str, key: str, collection: str, name: str) -> dict[str, Any]:
     """The item of /api/v1/<collection> called `name`."""
-    for item in _call(url, key, "GET", f"/api/v1/{collection}")["items"]:
+    for item in call(url, key, "GET", f"/api/v1/{collection}")["items"]:
         if item["name"] == name:
             found: dict[str, Any] = item
             return found
     noun = "provider" if collection == "providers" else "route"
-    _fail(f"no {noun} named {name!r}")
-
-
-def _print_json(body: Any) -> None:
-    print(json.dumps(body, ensure_ascii=False), flush=True)
-
-
-def _print_table(table: Any) -> None:
-    Console(width=max(Console().width, 120)).print(table)
+    fail(f"no {noun} named {name!r}")
 
 
 def _price(value: float) -> str:
@@ -140,30 +87,6 @@ def _parse_model(spec: str) -> dict[str, Any]:
     if cached:  # else the server charges cached input at the input price
         model["cached_input_per_mtok"] = cached[0]
     return model
-
-
-def read_secret(
-    env_var: str | None, from_stdin: bool, *, what: str, flags: tuple[str, str]
-) -> str | None:
-    """A secret (`what`) from $env_var or stdin, never from argv (which `ps` and history show);
-    `flags` are the two options' names, for the error."""
-    import getpass
-    import os
-    import sys
-
-    if env_var is not None and from_stdin:
-        raise typer.BadParameter(f"give {flags[0]} or {flags[1]}, not both")
-    if env_var is not None:
-        value = os.environ.get(env_var, "").strip()
-        if not value:
-            _fail(f"environment variable {env_var} is not set or empty")
-        return value
-    if not from_stdin:
-        return None
-    value = getpass.getpass(f"{what}: ") if sys.stdin.isatty() else sys.stdin.read()
-    if not value.strip():
-        _fail(f"no {what} on stdin")
-    return value.strip()
 
 
 def _provider_key(env_var: str | None, from_stdin: bool) -> str | None:
@@ -201,9 +124,9 @@ def providers_list(
     from rich.table import Table
     from rich.text import Text
 
-    body = _call(url, api_key, "GET", "/api/v1/providers")
+    body = call(url, api_key, "GET", "/api/v1/providers")
     if as_json:
-        _print_json(body)
+        print_json(body)
         return
     table = Table("name", "base URL", "key", "models (USD/Mtok in/out)", "timeouts (s)")
     for p in body["items"]:
@@ -223,7 +146,7 @@ def providers_list(
         )
         cells = (p["name"], p["base_url"], p["api_key_hint"] or "-", models or "-", limits)
         table.add_row(*(Text(cell) for cell in cells))
-    _print_table(table)
+    print_table(table)
 
 
 @providers_cli.command("add")
@@ -247,13 +170,11 @@ def providers_add(
     timeouts = (connect_timeout, ttft_timeout, idle_timeout, deadline)
     body = {"name": name, "base_url": base_url, "models": []}
     body |= _provider_fields(_provider_key(api_key_env, api_key_stdin), model, timeouts)
-    made = _call(url, api_key, "POST", "/api/v1/providers", body, create=True)
+    made = call(url, api_key, "POST", "/api/v1/providers", body, create=True)
     count = len(made["models"])
-    console.print(
+    say(
         f"added provider {made['name']} ({made['api_key_hint'] or 'no key'}, "
-        f"{count} model{'' if count == 1 else 's'})",
-        markup=False,
-        highlight=False,
+        f"{count} model{'' if count == 1 else 's'})"
     )
 
 
@@ -294,8 +215,8 @@ def providers_update(
     if not body:
         raise typer.BadParameter("nothing to change; give at least one option")
     provider = _find(url, api_key, "providers", name)
-    _call(url, api_key, "PATCH", f"/api/v1/providers/{provider['id']}", body)
-    console.print(f"updated provider {name}", markup=False, highlight=False)
+    call(url, api_key, "PATCH", f"/api/v1/providers/{provider['id']}", body)
+    say(f"updated provider {name}")
 
 
 @providers_cli.command("remove")
@@ -307,8 +228,8 @@ def providers_remove(
 ) -> None:
     """Delete a provider; one that routes still use is refused."""
     provider = _find(url, api_key, "providers", name)
-    _call(url, api_key, "DELETE", f"/api/v1/providers/{provider['id']}")
-    console.print(f"removed provider {name}", markup=False, highlight=False)
+    call(url, api_key, "DELETE", f"/api/v1/providers/{provider['id']}")
+    say(f"removed provider {name}")
 
 
 def _chain_text(chain: list[dict[str, str]]) -> str:
@@ -323,15 +244,15 @@ def routes_list(
     from rich.table import Table
     from rich.text import Text
 
-    body = _call(url, api_key, "GET", "/api/v1/model-routes")
+    body = call(url, api_key, "GET", "/api/v1/model-routes")
     if as_json:
-        _print_json(body)
+        print_json(body)
         return
     table = Table("name", "chain (tried in order)", "updated")
     for route in body["items"]:
         cells = (route["name"], _chain_text(route["chain"]), route["updated_at"])
         table.add_row(*(Text(cell) for cell in cells))
-    _print_table(table)
+    print_table(table)
 
 
 @routes_cli.command("set")
@@ -355,22 +276,20 @@ def routes_set(
     existing = next(
         (
             r
-            for r in _call(url, api_key, "GET", "/api/v1/model-routes")["items"]
+            for r in call(url, api_key, "GET", "/api/v1/model-routes")["items"]
             if r["name"] == name
         ),
         None,
     )
     if existing is None:
         route = {"name": name, "chain": chain}
-        made = _call(url, api_key, "POST", "/api/v1/model-routes", route, create=True)
+        made = call(url, api_key, "POST", "/api/v1/model-routes", route, create=True)
         verb = "created"
     else:
         path = f"/api/v1/model-routes/{existing['id']}"
-        made = _call(url, api_key, "PATCH", path, {"chain": chain})
+        made = call(url, api_key, "PATCH", path, {"chain": chain})
         verb = "updated"
-    console.print(
-        f"{verb} route {name}: {_chain_text(made['chain'])}", markup=False, highlight=False
-    )
+    say(f"{verb} route {name}: {_chain_text(made['chain'])}")
 
 
 @routes_cli.command("remove")
@@ -382,5 +301,5 @@ def routes_remove(
 ) -> None:
     """Delete a model route (agents that name it fail until it exists again)."""
     route = _find(url, api_key, "model-routes", name)
-    _call(url, api_key, "DELETE", f"/api/v1/model-routes/{route['id']}")
-    console.print(f"removed route {name}", markup=False, highlight=False)
+    call(url, api_key, "DELETE", f"/api/v1/model-routes/{route['id']}")
+    say(f"removed route {name}")

@@ -1,4 +1,5 @@
-"""A blocking JSON client for Bullpen's HTTP API, used by the command line.
+"""A blocking JSON client for Bullpen's HTTP API, used by the command line: `request` raises,
+`call` ends the command with `error: …` and exit 1.
 
 BullpenError
 ├── InvalidInput       a malformed server URL or API key, caught before sending
@@ -21,9 +22,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bullpen import __version__
+from bullpen.cli.output import fail
 from bullpen.errors import BullpenError, InvalidInput
 
-__all__ = ["ApiError", "ServerUnreachable", "request"]
+__all__ = ["ApiError", "ServerUnreachable", "call", "request"]
 
 _BLANK = "about:blank"
 _TOKEN = re.compile(r"[\x21-\x7e]+")
@@ -110,6 +112,24 @@ def request(
         raise ApiError(
             f"the answer from {where} is not JSON; is it a Bullpen server?", http_status=status
         ) from None
+
+
+def call(
+    url: str, key: str, method: str, path: str, body: Any = None, *, create: bool = False
+) -> Any:
+    """One API request's parsed body; a refusal or an unreachable server ends the command with
+    exit 1."""
+    import uuid
+
+    try:
+        # A fresh Idempotency-Key per invocation: a retried POST cannot create twice.
+        idem = str(uuid.uuid4()) if create else None
+        return request(method, url, path, api_key=key, body=body, idempotency_key=idem)[1]
+    except ApiError as err:
+        hint = " (check --api-key or BULLPEN_API_KEY)" if err.http_status == 401 else ""
+        fail(err.detail + hint, err.errors)
+    except BullpenError as err:
+        fail(err.detail, err.errors)
 
 
 def _origin(base_url: str) -> str:

@@ -1,0 +1,296 @@
+"""The `bullpen` command line: the root app and its server commands (up, worker, migrate, init,
+sim-provider).
+
+`bench` is in `bullpen.cli.bench`, `providers` and `routes` in `bullpen.cli.gateway`, `agents`
+in `bullpen.cli.agents`; what they share is in `bullpen.cli.output`, `.options` and `.client`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+import uvloop
+
+from bullpen import gcpolicy
+from bullpen.cli.agents import agents_cli
+from bullpen.cli.bench import bench
+from bullpen.cli.gateway import providers_cli, routes_cli
+from bullpen.cli.output import console
+
+if TYPE_CHECKING:  # imported where used: they cost the API commands a second or more at start
+    from bullpen.services.bootstrap import Bootstrap
+    from bullpen.settings import Settings
+
+cli = typer.Typer(
+    name="bullpen",
+    help="Bullpen: a self-hosted control plane for teams of LLM agents.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+DataDir = Annotated[
+    Path | None, typer.Option("--data-dir", help="Data directory (BULLPEN_DATA_DIR).")
+]
+DatabaseUrl = Annotated[
+    str | None,
+    typer.Option("--database-url", help="postgresql://… (BULLPEN_DATABASE_URL); default SQLite."),
+]
+
+
+def _settings(data_dir: Path | None, database_url: str | None, **extra: Any) -> Settings:
+    overrides: dict[str, Any] = {k: v for k, v in extra.items() if v is not None}
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    if database_url is not None:
+        overrides["database_url"] = database_url
+    from pydantic import ValidationError
+
+    from bullpen.errors import InvalidInput
+    from bullpen.settings import Settings
+
+    try:
+        return Settings(**overrides)
+    except ValidationError as err:
+        # One line a problem, named as it is set; never the value, which may be a secret.
+        problems = [
+            f"{'BULLPEN_' + str(e['loc'][0]).upper() + ': ' if e['loc'] else ''}"
+            f"{e['msg'].removeprefix('Value error, ')}"
+            for e in err.errors()
+        ]
+        raise InvalidInput("invalid settings: " + "; ".join(problems)) from None
+
+
+async def _bootstrap(settings: Settings) -> Bootstrap:
+    from bullpen.app import open_store, utcnow
+    from bullpen.services.bootstrap import ensure_bootstrap
+    from bullpen.services.secrets import load_secret
+
+    async with open_store(settings) as store:
+        return await ensure_bootstrap(
+            store, load_secret(settings.secret_key, settings.data_dir), utcnow
+        )
+
+
+def _banner(settings: Settings, boot: Bootstrap, url: str) -> None:
+    body = json.dumps(
+        {"prompt": "Analyze this dataset and extract key metrics", "agent_id": str(boot.agent_id)}
+    )
+    # A later start has no key to print: the line names the variable, in double quotes so
+    # that the shell it is pasted into expands it.
+    auth = (
+        shlex.quote(f"Authorization: Bearer {boot.api_key}")
+        if boot.api_key
+        else '"Authorization: Bearer $BULLPEN_API_KEY"'
+    )
+    create = (
+        f"curl -s -H {auth} -H 'Content-Type: application/json' -d {shlex.quote(body)} "
+        f"{url}/api/v1/tasks"
+    )
+    pick_id = "python3 -c 'import json,sys; print(json.load(sys.stdin)[\"id\"])'"
+    stream = f'curl -sN -H {auth} "{url}/api/v1/tasks/$({create} | {pick_id})/events"'
+    console.print(f"[bold]Bullpen[/] is up at [link={url}]{url}[/link]")
+    console.print(
+        f"  store:     {'SQLite' if settings.is_sqlite else 'PostgreSQL'}"
+        f"{' in ' + str(settings.data_dir) if settings.is_sqlite else ''}"
+    )
+    console.print("  provider:  [yellow]simulated[/] (built in, no network, clearly labelled)")
+    console.print(f"  login:     {boot.email}", highlight=False)
+    if boot.created:
+        console.print(f"  password:  {boot.password}   [dim](shown once)[/]", highlight=False)
+        console.print(f"  API key:   {boot.api_key}   [dim](shown once)[/]", highlight=False)
+    else:
+        console.print("  password and API key: as printed on first start", highlight=False)
+    console.print("\nCreate a task and stream its tokens:", highlight=False)
+    print(stream, flush=True)
+
+
+@cli.command()
+def up(
+    host: Annotated[str | None, typer.Option(help="Bind address (BULLPEN_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (BULLPEN_PORT).")] = None,
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    quiet: Annotated[bool, typer.Option(help="Print no banner.")] = False,
+) -> None:
+    """Run Bullpen in one process: API, worker and the simulated provider."""
+    settings = _settings(data_dir, database_url, host=host, port=port)  # refused before imports
+
+    import logging
+
+    import uvicorn
+
+    from bullpen import logs
+    from bullpen.api.app import create_app
+    from bullpen.api.edge import server_config
+    from bullpen.store.migrate import log as migration_log
+
+    logs.configure(settings.log_format)
+    boot = uvloop.run(_bootstrap(settings))
+    # The bootstrap has migrated and said so in one line; the app's own pass finds nothing to do.
+    migration_log.setLevel(logging.WARNING)
+    if not quiet:
+        _banner(settings, boot, f"http://{settings.host}:{settings.port}")
+    config = server_config(
+        create_app(settings),
+        settings,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        timeout_graceful_shutdown=5,
+        backlog=4096,
+    )
+    uvicorn.Server(config).run()
+
+
+@cli.command()
+def worker(
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    concurrency: Annotated[
+        int | None, typer.Option(help="Runs at once (BULLPEN_WORKER_CONCURRENCY).")
+    ] = None,
+) -> None:
+    """Run a worker process (no API): claim and execute runs until SIGTERM, then drain.
+
+    While the database is unreachable at start it waits for it. On SIGTERM or SIGINT it stops
+    claiming, lets in-flight runs finish for BULLPEN_DRAIN_GRACE_S, releases what still runs
+    back to the queue and exits 0. Run several per machine, and on PostgreSQL on any number of
+    machines.
+    """
+    import asyncio
+    import contextlib
+    import signal
+
+    from bullpen import logs
+    from bullpen.app import build
+    from bullpen.errors import Unavailable
+
+    settings = _settings(
+        data_dir, database_url, worker_enabled=True, worker_concurrency=concurrency
+    )
+    logs.configure(settings.log_format)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        while not stop.is_set():
+            try:
+                async with build(settings) as services:
+                    assert services.worker is not None
+                    gcpolicy.settle()
+                    console.print(
+                        f"worker {services.worker.owner} ready "
+                        f"({settings.worker_concurrency} at once, lease {settings.lease_s:g} s)",
+                        highlight=False,
+                    )
+                    await stop.wait()
+                    console.print("draining", highlight=False)
+                    await services.worker.drain(settings.drain_grace_s)
+            except Unavailable as err:  # not up yet, or restarting: wait for it, do not exit
+                console.print(f"waiting for the database: {err.detail}", highlight=False)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+        console.print("worker stopped", highlight=False)
+
+    uvloop.run(run())
+
+
+@cli.command()
+def migrate(data_dir: DataDir = None, database_url: DatabaseUrl = None) -> None:
+    """Bring the database schema to the newest version."""
+    from bullpen.app import open_store
+
+    async def run() -> None:
+        async with open_store(_settings(data_dir, database_url)):
+            pass
+
+    uvloop.run(run())
+    console.print("database is at the newest schema version")
+
+
+@cli.command()
+def init(
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON line.")] = False,
+) -> None:
+    """Migrate and create the first admin, workspace, API key and demo agent (idempotent)."""
+    boot = uvloop.run(_bootstrap(_settings(data_dir, database_url)))
+    info = {
+        "created": boot.created,
+        "email": boot.email,
+        "password": boot.password,
+        "api_key": boot.api_key,
+        "workspace_id": str(boot.workspace_id),
+        "agent_id": str(boot.agent_id),
+    }
+    if as_json:
+        print(json.dumps(info), flush=True)
+    else:
+        for name, value in info.items():
+            console.print(f"{name}: {value}", highlight=False)
+
+
+@cli.command("sim-provider")
+def sim_provider(
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 9100,
+    host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
+    ttft_ms: Annotated[
+        float, typer.Option(help="Time to first token, ms.", envvar="BULLPEN_SIM_TTFT_MS")
+    ] = 380.0,
+    tokens_per_second: Annotated[
+        float, typer.Option(help="Streaming rate.", envvar="BULLPEN_SIM_TOKENS_PER_SECOND")
+    ] = 50.0,
+    response_tokens: Annotated[
+        int, typer.Option(help="Tokens per response.", envvar="BULLPEN_SIM_RESPONSE_TOKENS")
+    ] = 64,
+    model: Annotated[list[str] | None, typer.Option(help="Model names served.")] = None,
+    fault: Annotated[
+        str | None,
+        typer.Option(
+            help="A fault spec for every request (e.g. 429, slow:5, stamp).",
+            envvar="BULLPEN_SIM_FAULT",
+        ),
+    ] = None,
+) -> None:
+    """Run the simulated OpenAI-compatible provider on its own."""
+    from bullpen.simulator.provider import SimConfig, serve_forever
+
+    try:
+        config = SimConfig(
+            ttft_ms=ttft_ms,
+            tokens_per_second=tokens_per_second,
+            response_tokens=response_tokens,
+            models=tuple(model) if model else ("sim-1",),
+            fault=fault or None,
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    console.print(f"simulated provider at http://{host}:{port}/v1 (models: {config.models})")
+    try:
+        uvloop.run(serve_forever(config, host, port))
+    except KeyboardInterrupt:
+        pass
+
+
+cli.command()(bench)
+cli.add_typer(providers_cli, name="providers")
+cli.add_typer(routes_cli, name="routes")
+cli.add_typer(agents_cli, name="agents")
+
+
+def main() -> None:
+    """Entry point of the `bullpen` script; Bullpen's own errors print without a traceback."""
+    from bullpen.errors import BullpenError
+
+    try:
+        cli()
+    except BullpenError as err:
+        console.print(f"[red]error:[/] {err.detail}", highlight=False)
+        raise SystemExit(1) from None
