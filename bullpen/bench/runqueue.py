@@ -35,8 +35,8 @@ import sqlalchemy as sa
 
 from bullpen.app import open_store, utcnow
 from bullpen.bench.spawn import _create_database, _drop_database, _with_database
+from bullpen.security.secrets import load_secret
 from bullpen.services.bootstrap import Bootstrap, ensure_bootstrap
-from bullpen.services.secrets import load_secret
 from bullpen.settings import Settings
 from bullpen.store import agents as agent_store
 from bullpen.store import identity

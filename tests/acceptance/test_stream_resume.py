@@ -34,8 +34,8 @@ from hypothesis import strategies as st
 
 from bullpen.app import bus_kind, open_store, utcnow
 from bullpen.bench.simprovider import SimConfig, SimulatedProvider
+from bullpen.security.secrets import load_secret
 from bullpen.services.bootstrap import SIMULATED_MODEL, ensure_bootstrap
-from bullpen.services.secrets import load_secret
 from bullpen.settings import Settings
 from bullpen.store.base import Store
 from bullpen.store.tables import run_events, runs, tasks
