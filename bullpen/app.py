@@ -16,7 +16,6 @@ from bullpen.agents.base import Adapter
 from bullpen.agents.configs import ConfigPolicy
 from bullpen.agents.http import HttpAdapter
 from bullpen.agents.llm import LlmAdapter
-from bullpen.agents.outbound import OutboundAllow
 from bullpen.agents.team import Team
 from bullpen.gateway.breaker import BreakerPolicy, Breakers
 from bullpen.gateway.catalog import Price, Provider, Timeouts
@@ -26,15 +25,16 @@ from bullpen.gateway.router import Gateway, Router
 from bullpen.metrics import build_registry
 from bullpen.queue.wakeup import Listener, Notifier, asyncpg_dsn
 from bullpen.queue.worker import Worker, WorkerTuning
+from bullpen.security.outbound import OutboundAllow
+from bullpen.security.passwords import HashCost, PasswordPool
+from bullpen.security.ratelimit import CallerLimits, FailureWindow, Slots, TokenBuckets
+from bullpen.security.secrets import SecretBox, load_secret
 from bullpen.services.auth import AuthService
 from bullpen.services.bootstrap import SIMULATED_MODEL, SIMULATED_PROVIDER
 from bullpen.services.gateway import Directory
 from bullpen.services.housekeeping import Housekeeper, Retention
 from bullpen.services.ledger import UsageLedger
-from bullpen.services.passwords import HashCost, PasswordPool
-from bullpen.services.ratelimit import CallerLimits, FailureWindow, Slots, TokenBuckets
 from bullpen.services.routines import RoutineService, Scheduler
-from bullpen.services.secrets import SecretBox, load_secret
 from bullpen.services.tasks import TaskService
 from bullpen.settings import Settings
 from bullpen.simulator.provider import SimConfig, SimulatedProvider

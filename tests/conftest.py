@@ -20,8 +20,8 @@ import uvicorn
 from bullpen.api.app import create_app
 from bullpen.api.edge import server_config
 from bullpen.app import Services, open_store, utcnow
+from bullpen.security.secrets import load_secret
 from bullpen.services.bootstrap import Bootstrap, ensure_bootstrap
-from bullpen.services.secrets import load_secret
 from bullpen.settings import Settings
 from bullpen.store.base import Store
 

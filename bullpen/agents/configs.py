@@ -18,9 +18,9 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from bullpen.agents import http, process, process_env
-from bullpen.agents.outbound import OutboundAllow, OutboundRefused
 from bullpen.errors import InvalidInput
-from bullpen.services.secrets import SecretBox
+from bullpen.security.outbound import OutboundAllow, OutboundRefused
+from bullpen.security.secrets import SecretBox
 
 
 @dataclass(frozen=True, slots=True)

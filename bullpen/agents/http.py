@@ -61,10 +61,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints,
 from yarl import URL
 
 from bullpen.agents.base import Events, RunContext, done
-from bullpen.agents.outbound import GuardedResolver, OutboundAllow, check_url
 from bullpen.domain.events import EventKind
 from bullpen.errors import BullpenError, InvalidInput
-from bullpen.services.secrets import SecretBox, hint
+from bullpen.security.outbound import GuardedResolver, OutboundAllow, check_url
+from bullpen.security.secrets import SecretBox, hint
 from bullpen.store.runs import RunOutcome
 
 DEFAULT_TIMEOUT_S = 300.0

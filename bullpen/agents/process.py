@@ -85,7 +85,7 @@ from bullpen.agents.process_env import (
 )
 from bullpen.domain.events import EventKind
 from bullpen.errors import BullpenError, InvalidInput
-from bullpen.services.secrets import SecretBox
+from bullpen.security.secrets import SecretBox
 from bullpen.store.runs import RunOutcome
 
 log = logging.getLogger(__name__)

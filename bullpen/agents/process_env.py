@@ -26,7 +26,7 @@ from typing import Any
 from uuid import UUID
 
 from bullpen.errors import BullpenError, InvalidInput
-from bullpen.services.secrets import SecretBox
+from bullpen.security.secrets import SecretBox
 
 ENV_ALLOW_SETTING = "BULLPEN_PROCESS_ENV_ALLOW"
 # Locale and time zone: names whose values only choose how text, dates and colours look.

@@ -1,14 +1,19 @@
 """`bullpen bench --scenario queue`: what the run queue sustains, with real worker processes.
 
-Three measurements, each on a fresh database:
-- **throughput**: N runs are enqueued before any worker starts; then W `bullpen worker`
-  processes (each with its own zero-latency simulated provider: no time to first token, 8
-  tokens at once) drain the queue. Completed runs/s = N / (last finish − first start), from the
-  runs' own timestamps, so process start-up is not counted.
-- **claim-to-start latency** with idle workers: one task at a time is enqueued (committed, then
-  the workers woken as the API does: NOTIFY to a `bullpen worker` process on PostgreSQL; on
-  SQLite the in-process signal to a worker in the same process, here the bench's own, as in
-  `bullpen up`), and the run's `started_at − queued_at` is recorded.
+Measured from outside, as a client sees it: every database is fresh and set up by `bullpen
+init`; tasks are created through the API (`POST /api/v1/tasks`, which commits the task with its
+run and wakes the workers) and read back through it with their runs' own timestamps.
+
+- **throughput**: N tasks are created while no worker runs (the API process has its worker
+  off); then W `bullpen worker` processes (each with its own zero-latency simulated provider:
+  no time to first token, 8 tokens at once) drain the queue. On SQLite one process holds the
+  database, so the API stops and one `bullpen up` (API and worker in one process) drains it.
+  Completed runs/s = N / (last finish − first start), from the runs' own timestamps, so process
+  start-up is not counted.
+- **claim-to-start latency** with idle workers: one task at a time is created, and the API
+  wakes the workers as it always does (NOTIFY to a `bullpen worker` process on PostgreSQL; on
+  SQLite the in-process signal to the worker of the same `bullpen up`); the run's
+  `started_at − queued_at` is recorded.
 - **noisy neighbour** (PostgreSQL): workspace B submits 8 tasks/s alone, then again while
   workspace A submits 20× that, more than the worker can run; B's queue waits are compared.
 """
@@ -20,29 +25,31 @@ import contextlib
 import os
 import secrets
 import shutil
-import signal
 import statistics
-import sys
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
-import sqlalchemy as sa
+import aiohttp
 
-from bullpen.app import open_store, utcnow
-from bullpen.bench.spawn import _create_database, _drop_database, _with_database
-from bullpen.services.bootstrap import Bootstrap, ensure_bootstrap
-from bullpen.services.secrets import load_secret
-from bullpen.settings import Settings
-from bullpen.store import agents as agent_store
-from bullpen.store import identity
-from bullpen.store import tasks as task_store
-from bullpen.store.base import Store
-from bullpen.store.tables import agents, runs
+from bullpen.bench.queueapi import QueueClient, RunTimes, second_workspace
+from bullpen.bench.spawn import (
+    READY_TIMEOUT_S,
+    UNLIMITED,
+    SpawnError,
+    _admin_execute,
+    _bullpen_argv,
+    _create_database,
+    _drop_database,
+    _run_init,
+    _wait_ready,
+    _with_database,
+    free_port,
+    stop_process,
+)
 
 Backend = Literal["sqlite", "postgres"]
 PROMPT = "Summarise the quarterly numbers for the team"
@@ -51,6 +58,8 @@ ZERO_LATENCY = {
     "BULLPEN_SIM_TOKENS_PER_SECOND": "1000000",
     "BULLPEN_SIM_RESPONSE_TOKENS": "8",
 }
+# The bench fills the queue far beyond what an agent's backlog is normally allowed to hold.
+_UNBOUNDED_BACKLOG = {"BULLPEN_QUEUE_MAX_BACKLOG": "10000000"}
 
 
 @dataclass
@@ -93,382 +102,336 @@ class QueueReport:
     noisy: dict[str, Any] = field(default_factory=dict)
 
 
-class Cluster:
-    """A fresh database (and data directory), the bench's own store on it, and workers."""
+@dataclass(frozen=True)
+class Seed:
+    """A database and data directory as `bullpen init` left them: each measurement starts
+    from a copy (one `init` per bench run, not one per measurement)."""
 
-    def __init__(self, backend: Backend, pg_admin_url: str) -> None:
+    data_dir: Path
+    env: dict[str, str]
+    database: str | None  # PostgreSQL: the template database
+    boot: dict[str, Any]  # what `bullpen init --json` printed: key, agent, first admin
+
+
+def _base_env(data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BULLPEN_")}
+    env.update(
+        BULLPEN_DATA_DIR=str(data_dir),
+        BULLPEN_SECRET_KEY=secrets.token_urlsafe(32),
+        BULLPEN_HOUSEKEEPING_INTERVAL_S="3600",
+        BULLPEN_DRAIN_GRACE_S="0",
+        **ZERO_LATENCY,
+        **UNLIMITED,
+        **_UNBOUNDED_BACKLOG,
+    )
+    return env
+
+
+@contextlib.asynccontextmanager
+async def seeded(backend: Backend, pg_admin_url: str) -> AsyncIterator[Seed]:
+    """A fresh database set up by `bullpen init`, removed on exit."""
+    data_dir = Path(tempfile.mkdtemp(prefix="bullpen-queue-seed-"))
+    env = _base_env(data_dir)
+    database = None
+    try:
+        if backend == "postgres":
+            database = await _create_database(pg_admin_url)
+            env["BULLPEN_DATABASE_URL"] = _with_database(
+                pg_admin_url, database, scheme="postgresql+asyncpg"
+            )
+        boot = await _run_init(env, data_dir, None)
+        yield Seed(data_dir, env, database, boot)
+    finally:
+        try:
+            if database is not None:
+                await _drop_database(pg_admin_url, database)
+        finally:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+class Cluster:
+    """A copy of the seed's database and data directory; an API process and `bullpen worker`
+    processes on it, started and stopped as a measurement needs."""
+
+    def __init__(self, backend: Backend, pg_admin_url: str, seed: Seed) -> None:
         self.backend = backend
         self.pg_admin_url = pg_admin_url
+        self.seed = seed
         self.data_dir = Path(tempfile.mkdtemp(prefix="bullpen-queue-bench-"))
         self.database: str | None = None
         self.env: dict[str, str] = {}
         self.procs: list[asyncio.subprocess.Process] = []
-        self.settings: Settings | None = None
+        self.api: asyncio.subprocess.Process | None = None
+        self.base_url = ""
+        self.boot = seed.boot
+        self._logs: list[IO[bytes]] = []
 
     async def __aenter__(self) -> Cluster:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BULLPEN_")}
-        env.update(
-            BULLPEN_DATA_DIR=str(self.data_dir),
-            BULLPEN_SECRET_KEY=secrets.token_urlsafe(32),
-            BULLPEN_HOUSEKEEPING_INTERVAL_S="3600",
-            BULLPEN_DRAIN_GRACE_S="0",
-            **ZERO_LATENCY,
-        )
-        if self.backend == "postgres":
-            self.database = await _create_database(self.pg_admin_url)
-            env["BULLPEN_DATABASE_URL"] = _with_database(
-                self.pg_admin_url, self.database, scheme="postgresql+asyncpg"
+        self.env = {**self.seed.env, "BULLPEN_DATA_DIR": str(self.data_dir)}
+        try:
+            await asyncio.to_thread(
+                shutil.copytree, self.seed.data_dir, self.data_dir, dirs_exist_ok=True
             )
-        self.env = env
-        self.settings = Settings(
-            data_dir=self.data_dir,
-            secret_key=env["BULLPEN_SECRET_KEY"],
-            database_url=env.get("BULLPEN_DATABASE_URL"),
-        )
+            if self.seed.database is not None:
+                name = f"bullpen_bench_{secrets.token_hex(6)}"
+                template = (f'CREATE DATABASE "{name}" TEMPLATE "{self.seed.database}"', ())
+                await _admin_execute(self.pg_admin_url, template)
+                self.database = name
+                self.env["BULLPEN_DATABASE_URL"] = _with_database(
+                    self.pg_admin_url, name, scheme="postgresql+asyncpg"
+                )
+        except BaseException:
+            await self.__aexit__()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         try:
             await self.stop_workers()
+            await self.stop_api()
             if self.database is not None:
                 await _drop_database(self.pg_admin_url, self.database)
         finally:
+            for log in self._logs:
+                log.close()
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    @contextlib.asynccontextmanager
-    async def store(self) -> AsyncIterator[Store]:
-        """The bench's own store on the database (for SQLite: while no worker holds it)."""
-        assert self.settings is not None
-        async with open_store(self.settings) as store:
-            yield store
+    def _log(self, name: str) -> IO[bytes]:
+        log = (self.data_dir / f"{name}.stderr.log").open("ab")
+        self._logs.append(log)
+        return log
+
+    async def _start(self, name: str, *args: str, **extra: str) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            *_bullpen_argv(*args),
+            env={**self.env, **extra},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=self._log(name),
+        )
+
+    async def start_api(self, *, worker: bool, **extra: str) -> str:
+        """`bullpen up` on the database, with its worker on or off; its base URL."""
+        port = free_port()
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.api = await self._start(
+            "api",
+            *("up", "--host", "127.0.0.1", "--port", str(port), "--quiet"),
+            BULLPEN_WORKER_ENABLED="true" if worker else "false",
+            **extra,
+        )
+        await _wait_ready(
+            self.api, self.base_url, self.data_dir / "api.stderr.log", READY_TIMEOUT_S
+        )
+        return self.base_url
+
+    async def stop_api(self) -> None:
+        """SIGTERM the API process and wait for it."""
+        if self.api is not None:
+            await stop_process(self.api)
+            self.api = None
+
+    def client(self, http: aiohttp.ClientSession, api_key: str | None = None) -> QueueClient:
+        """A client of the API process, with the first workspace's key unless given another."""
+        return QueueClient(http, self.base_url, api_key or str(self.boot["api_key"]))
+
+    @property
+    def agent_id(self) -> str:
+        """The first workspace's demo agent."""
+        return str(self.boot["agent_id"])
 
     async def start_workers(self, count: int, **extra: str) -> None:
         """Start `count` `bullpen worker` processes."""
-        env = {**self.env, **extra}
         for _ in range(count):
-            self.procs.append(
-                await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-m",
-                    "bullpen",
-                    "worker",
-                    env=env,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.DEVNULL,
-                )
-            )
+            self.procs.append(await self._start(f"worker{len(self.procs)}", "worker", **extra))
+
+    async def workers_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Wait until every worker has said it is ready (on stderr, as it does for a person)."""
+        deadline = time.monotonic() + timeout_s
+        logs = [self.data_dir / f"worker{i}.stderr.log" for i in range(len(self.procs))]
+        while not all(log.exists() and b"ready" in log.read_bytes() for log in logs):
+            if time.monotonic() > deadline or any(p.returncode is not None for p in self.procs):
+                raise SpawnError("a worker process did not start:\n" + _tail_of(logs))
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)  # its listener connects (a run enqueued before is claimed too)
 
     async def stop_workers(self) -> None:
         """SIGTERM every worker and wait for it."""
-        for proc in self.procs:
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                await asyncio.wait_for(proc.wait(), 30)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await asyncio.gather(*(stop_process(proc) for proc in self.procs))
         self.procs = []
 
 
-async def bootstrap(store: Store, settings: Settings, *, agent_cap: int = 100_000) -> Bootstrap:
-    """The first workspace, key and demo agent; every agent may run `agent_cap` runs at once."""
-    boot = await ensure_bootstrap(
-        store, load_secret(settings.secret_key, settings.data_dir), utcnow
-    )
-    async with store.write() as conn:
-        await conn.execute(agents.update().values(max_concurrent_runs=agent_cap))
-    return boot
+@contextlib.asynccontextmanager
+async def _cluster(
+    backend: Backend, pg_admin_url: str, seed: Seed | None
+) -> AsyncIterator[Cluster]:
+    """A cluster on a copy of `seed` (or of a seed of its own)."""
+    async with contextlib.AsyncExitStack() as stack:
+        if seed is None:
+            seed = await stack.enter_async_context(seeded(backend, pg_admin_url))
+        yield await stack.enter_async_context(Cluster(backend, pg_admin_url, seed))
 
 
-async def second_workspace(store: Store) -> tuple[uuid.UUID, uuid.UUID]:
-    """Workspace "B" with an uncapped agent of the simulated provider: (workspace, agent)."""
-    async with store.write() as conn:
-        workspace_id = await identity.create_workspace(
-            conn, name="B", slug="b", task_key="B", now=utcnow()
-        )
-        agent_id = await agent_store.create_agent(
-            conn,
-            workspace_id=workspace_id,
-            name="b",
-            title="",
-            adapter="llm",
-            config={"provider": "simulated", "model": "sim-1"},
-            now=utcnow(),
-            max_concurrent_runs=100_000,
-        )
-    return workspace_id, agent_id
-
-
-async def enqueue(
-    store: Store,
-    workspace_id: uuid.UUID,
-    agent_id: uuid.UUID,
-    count: int,
-    *,
-    prompt: str = PROMPT,
-    batch: int = 500,
-) -> list[uuid.UUID]:
-    """Commit `count` queued tasks (with their runs) straight into the store; their ids."""
-    ids: list[uuid.UUID] = []
-    while len(ids) < count:
-        async with store.write() as conn:
-            for _ in range(min(batch, count - len(ids))):
-                task, _run = await task_store.insert_task_with_run(
-                    conn,
-                    workspace_id=workspace_id,
-                    agent_id=agent_id,
-                    title="bench",
-                    prompt=prompt,
-                    creator_user_id=None,
-                    creator_key_id=None,
-                    now=utcnow(),
-                )
-                ids.append(task.id)
-    return ids
-
-
-async def _times(store: Store, task_ids: list[uuid.UUID] | None = None) -> list[Any]:
-    query = sa.select(runs.c.status, runs.c.queued_at, runs.c.started_at, runs.c.finished_at)
-    if task_ids is not None:
-        query = query.where(runs.c.task_id.in_(task_ids))
-    async with store.read() as conn:
-        return list(await conn.execute(query))
-
-
-async def _wait_done(store: Store, total: int, timeout_s: float) -> int:
-    """Wait until `total` runs are done (or time runs out); returns how many are not."""
+async def _wait_done(client: QueueClient, timeout_s: float) -> None:
+    """Wait until no task is queued or running (or time runs out)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        async with store.read() as conn:
-            done = (
-                await conn.execute(
-                    sa.select(sa.func.count()).select_from(runs).where(runs.c.status == "done")
-                )
-            ).scalar_one()
-        if done >= total or time.monotonic() > deadline:
-            return int(total - done)
+        if not await client.pending() or time.monotonic() > deadline:
+            return
         await asyncio.sleep(0.25)
 
 
+def _tail_of(logs: list[Path]) -> str:
+    return "\n".join(log.read_text(errors="replace")[-2000:] for log in logs if log.exists())
+
+
+def _waits(rows: list[RunTimes]) -> list[float]:
+    return [(r.started_at - r.queued_at).total_seconds() for r in rows if r.started_at]
+
+
 async def measure_throughput(
-    backend: Backend, workers: int, total: int, pg_admin_url: str, timeout_s: float = 300
+    backend: Backend,
+    workers: int,
+    total: int,
+    pg_admin_url: str,
+    timeout_s: float = 300,
+    *,
+    seed: Seed | None = None,
 ) -> Throughput:
     """Pre-fill `total` runs, start `workers` processes, time the drain."""
-    async with Cluster(backend, pg_admin_url) as cluster:
-        assert cluster.settings is not None
-        async with cluster.store() as store:
-            boot = await bootstrap(store, cluster.settings)
-            await enqueue(store, boot.workspace_id, boot.agent_id, total)
-        await cluster.start_workers(workers)
-        reader = _reader(cluster)
-        async with reader as store:
-            not_done = await _wait_done(store, total, timeout_s)
-            rows = await _times(store)
+    async with (
+        _cluster(backend, pg_admin_url, seed) as cluster,
+        aiohttp.ClientSession() as http,
+    ):
+        await cluster.start_api(worker=False)
+        client = cluster.client(http)
+        await client.uncap(cluster.agent_id)
+        await client.create_tasks(cluster.agent_id, total, PROMPT)
+        if backend == "postgres":
+            await cluster.start_workers(workers)
+        else:  # one process holds a SQLite database: the API's own worker drains it
+            await cluster.stop_api()
+            await cluster.start_api(worker=True)
+            client = cluster.client(http)
+        await _wait_done(client, timeout_s)
+        rows = await client.runs()
         await cluster.stop_workers()
     started = min(r.started_at for r in rows if r.started_at is not None)
     finished = max(r.finished_at for r in rows if r.finished_at is not None)
     seconds = (finished - started).total_seconds()
     done = sum(1 for r in rows if r.status == "done")
+    not_done = total - done
     return Throughput(backend, workers, total, seconds, done / seconds if seconds else 0, not_done)
 
 
-def _reader(cluster: Cluster) -> contextlib.AbstractAsyncContextManager[Store]:
-    """A store for reading while workers run (SQLite: without claiming the file's lock)."""
-    assert cluster.settings is not None
-    if cluster.backend == "postgres":
-        return cluster.store()
-    from bullpen.store.engine import create_store
-
-    @contextlib.asynccontextmanager
-    async def unlocked() -> AsyncIterator[Store]:
-        assert cluster.settings is not None
-        store = create_store(cluster.settings)
-        try:
-            yield store
-        finally:
-            await store.close()
-
-    return unlocked()
-
-
 async def measure_latency(
-    backend: Backend, samples: int, pg_admin_url: str, gap_s: float = 0.05
-) -> Percentiles:
-    """Claim-to-start latency with idle workers: enqueue one run at a time, wake, record."""
-    async with Cluster(backend, pg_admin_url) as cluster:
-        assert cluster.settings is not None
-        if backend == "postgres":
-            async with cluster.store() as store:
-                boot = await bootstrap(store, cluster.settings)
-            await cluster.start_workers(1)
-            async with cluster.store() as store:
-                waits = await _one_at_a_time(store, cluster, boot, samples, gap_s)
-            await cluster.stop_workers()
-            return Percentiles.of(waits)
-        # SQLite: one process holds the database; run the worker in this process, as `up` does.
-        from bullpen.app import build
-
-        async with build(cluster.settings.model_copy(update=_in_process())) as services:
-            boot = await bootstrap(services.store, cluster.settings)
-            assert services.worker is not None
-            waits = await _one_at_a_time(
-                services.store, None, boot, samples, gap_s, services.worker.notify
-            )
-        return Percentiles.of(waits)
-
-
-def _in_process() -> dict[str, Any]:
-    return {
-        "worker_enabled": True,
-        "sim_ttft_ms": 0.0,
-        "sim_tokens_per_second": 1_000_000.0,
-        "sim_response_tokens": 8,
-        "drain_grace_s": 0.0,
-    }
-
-
-async def _one_at_a_time(
-    store: Store,
-    cluster: Cluster | None,
-    boot: Bootstrap,
+    backend: Backend,
     samples: int,
-    gap_s: float,
-    wake_in_process: Callable[[], None] | None = None,
-) -> list[float]:
-    notify: Callable[[], Awaitable[None]]
-    if cluster is not None:
-        import asyncpg
-
-        from bullpen.queue.wakeup import CHANNEL, asyncpg_dsn
-
-        assert cluster.settings is not None and cluster.settings.database_url is not None
-        conn = await asyncpg.connect(asyncpg_dsn(cluster.settings.database_url))
-
-        async def send() -> None:
-            await conn.execute(f"NOTIFY {CHANNEL}")
-
-        notify = send
-        await asyncio.sleep(5)  # the worker process starts and listens
-    else:
-        conn = None
-
-        async def wake() -> None:
-            assert wake_in_process is not None
-            wake_in_process()  # what the API does after the create commits
-
-        notify = wake
-    ids: list[uuid.UUID] = []
-    try:
+    pg_admin_url: str,
+    gap_s: float = 0.05,
+    *,
+    seed: Seed | None = None,
+) -> Percentiles:
+    """Claim-to-start latency with idle workers: create one task at a time, record its wait."""
+    async with (
+        _cluster(backend, pg_admin_url, seed) as cluster,
+        aiohttp.ClientSession() as http,
+    ):
+        if backend == "postgres":
+            await asyncio.gather(cluster.start_api(worker=False), cluster.start_workers(1))
+            await cluster.workers_ready()
+        else:  # one process holds the database: the worker runs in the API's, as in `up`
+            await cluster.start_api(worker=True)
+        client = cluster.client(http)
+        await client.uncap(cluster.agent_id)
+        ids: list[str] = []
         for _ in range(samples):
-            ids += await enqueue(store, boot.workspace_id, boot.agent_id, 1)
-            await notify()
+            ids.append(await client.create_task(cluster.agent_id, PROMPT))
             await asyncio.sleep(gap_s)
-        not_done = await _wait_done(store, samples, 60)
+        await _wait_done(client, 60)
+        rows = await client.runs(ids)
+        not_done = sum(1 for r in rows if r.status != "done")
         if not_done:
             raise RuntimeError(f"{not_done} runs did not finish")
-    finally:
-        if conn is not None:
-            await conn.close()
-    return [(r.started_at - r.queued_at).total_seconds() for r in await _times(store, ids)]
+        await cluster.stop_workers()
+    return Percentiles.of(_waits(rows))
 
 
-async def measure_noisy_neighbour(pg_admin_url: str) -> dict[str, Any]:
+async def measure_noisy_neighbour(pg_admin_url: str, *, seed: Seed | None = None) -> dict[str, Any]:
     """B's queue wait alone and while A floods the queue (one worker, 8 slots, ~60 ms runs)."""
-    async with Cluster("postgres", pg_admin_url) as cluster:
-        assert cluster.settings is not None and cluster.settings.database_url is not None
-        async with cluster.store() as store:
-            boot = await bootstrap(store, cluster.settings)
-            ws_b, agent_b = await second_workspace(store)
-            result = await noisy_neighbour(
-                store,
-                cluster.settings.database_url,
-                start=lambda: cluster.start_workers(
-                    1,
-                    BULLPEN_WORKER_CONCURRENCY="8",
-                    BULLPEN_SIM_TTFT_MS="60",
-                    BULLPEN_SIM_TOKENS_PER_SECOND="400",
-                    BULLPEN_POLL_INTERVAL_S="5",
-                ),
-                a=(boot.workspace_id, boot.agent_id),
-                b=(ws_b, agent_b),
-            )
+    async with (
+        _cluster("postgres", pg_admin_url, seed) as cluster,
+        aiohttp.ClientSession() as http,
+    ):
+        worker = {
+            "BULLPEN_WORKER_CONCURRENCY": "8",
+            "BULLPEN_SIM_TTFT_MS": "60",
+            "BULLPEN_SIM_TOKENS_PER_SECOND": "400",
+            "BULLPEN_POLL_INTERVAL_S": "5",
+        }
+        # The worker starts beside the API; no task exists before `noisy_neighbour` submits.
+        await asyncio.gather(cluster.start_api(worker=False), cluster.start_workers(1, **worker))
+        a = cluster.client(http)
+        await a.uncap(cluster.agent_id)
+        b_key = await second_workspace(
+            cluster.base_url, str(cluster.boot["email"]), str(cluster.boot["password"])
+        )
+        b = cluster.client(http, b_key)
+        agent_b = await b.create_agent("b")
+        result = await noisy_neighbour(
+            start=cluster.workers_ready,
+            a=(a, cluster.agent_id),
+            b=(b, agent_b),
+        )
         await cluster.stop_workers()
     return result
 
 
 async def noisy_neighbour(
-    store: Store,
-    database_url: str,
     *,
     start: Callable[[], Awaitable[None]],
-    a: tuple[uuid.UUID, uuid.UUID],
-    b: tuple[uuid.UUID, uuid.UUID],
+    a: tuple[QueueClient, str],
+    b: tuple[QueueClient, str],
     b_per_s: float = 8,
     a_factor: float = 20,
 ) -> dict[str, Any]:
     """B alone for 4 s, then B for 3 s while A submits `a_factor`× B's rate; waits and backlog.
 
-    Shared by the bench and the fault test. `start` starts the worker (one process).
+    `a` and `b` are each a workspace's client and agent; `start` returns once the worker (one
+    process) listens. Every task is created through the API, which wakes
+    the worker.
     """
-    import asyncpg
 
-    from bullpen.queue.wakeup import CHANNEL, asyncpg_dsn
-
-    conn = await asyncpg.connect(asyncpg_dsn(database_url))
-    one_at_a_time = asyncio.Lock()
-
-    async def submit(
-        owner: tuple[uuid.UUID, uuid.UUID], per_s: float, seconds: float
-    ) -> list[uuid.UUID]:
-        ids: list[uuid.UUID] = []
+    async def submit(owner: tuple[QueueClient, str], per_s: float, seconds: float) -> list[str]:
+        # Open loop: a create starts every 1/per_s whatever the last one's answer took.
+        creates: list[asyncio.Task[str]] = []
         ends = time.monotonic() + seconds
         while time.monotonic() < ends:
-            ids += await enqueue(store, owner[0], owner[1], 1)
-            async with one_at_a_time:
-                await conn.execute(f"NOTIFY {CHANNEL}")
+            creates.append(asyncio.create_task(owner[0].create_task(owner[1], PROMPT)))
             await asyncio.sleep(1 / per_s)
-        return ids
+        return list(await asyncio.gather(*creates))
 
-    async def waits(ids: list[uuid.UUID]) -> list[float]:
+    async def waits(ids: list[str]) -> list[float]:
         deadline = time.monotonic() + 120
         while True:
-            rows = await _times(store, ids)
+            rows = await b[0].runs(ids)
             if all(r.status == "done" for r in rows) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.25)
-        return [(r.started_at - r.queued_at).total_seconds() for r in rows if r.started_at]
+        return _waits(rows)
 
-    try:
-        await start()
-        await asyncio.sleep(5)  # the worker is up and listening
-        alone = await waits(await submit(b, b_per_s, 4))
-        flood = asyncio.create_task(submit(a, b_per_s * a_factor, 5))
-        await asyncio.sleep(1)  # A's backlog has built up
-        crowded = await waits(await submit(b, b_per_s, 3))
-        flooded = await flood
-        async with store.read() as db:
-            backlog = int(
-                (
-                    await db.execute(
-                        sa.select(sa.func.count()).where(
-                            runs.c.workspace_id == a[0], runs.c.status == "queued"
-                        )
-                    )
-                ).scalar_one()
-            )
-            durations = [
-                (r.finished_at - r.started_at).total_seconds()
-                for r in await db.execute(
-                    sa.select(runs.c.started_at, runs.c.finished_at).where(
-                        runs.c.workspace_id == a[0], runs.c.status == "done"
-                    )
-                )
-            ]
-    finally:
-        await conn.close()
+    await start()
+    alone = await waits(await submit(b, b_per_s, 4))
+    flood = asyncio.create_task(submit(a, b_per_s * a_factor, 5))
+    await asyncio.sleep(1)  # A's backlog has built up
+    crowded = await waits(await submit(b, b_per_s, 3))
+    flooded = await flood
+    backlog = await a[0].count("queued")
+    durations = [
+        (r.finished_at - r.started_at).total_seconds()
+        for r in map(RunTimes.of, await a[0].tasks("done"))
+        if r.started_at is not None and r.finished_at is not None
+    ]
     return {
         "b_alone": Percentiles.of(alone),
         "b_crowded": Percentiles.of(crowded),
@@ -490,15 +453,16 @@ async def run_queue_bench(
     """Throughput for each worker count, idle claim latency and (PostgreSQL) a noisy neighbour."""
     report = QueueReport()
     say = on_step or (lambda _line: None)
-    for count in worker_counts:
-        result = await measure_throughput(backend, count, runs_total, pg_admin_url)
-        report.throughput.append(result)
-        say(f"{count} worker(s): {result.runs_per_s:.0f} runs/s ({result.runs} runs)")
-    report.latency["idle"] = await measure_latency(backend, samples, pg_admin_url)
-    say(f"claim-to-start p50 {report.latency['idle'].p50_ms:.1f} ms")
-    if backend == "postgres":
-        report.noisy = await measure_noisy_neighbour(pg_admin_url)
-        say("noisy neighbour measured")
+    async with seeded(backend, pg_admin_url) as seed:
+        for count in worker_counts:
+            result = await measure_throughput(backend, count, runs_total, pg_admin_url, seed=seed)
+            report.throughput.append(result)
+            say(f"{count} worker(s): {result.runs_per_s:.0f} runs/s ({result.runs} runs)")
+        report.latency["idle"] = await measure_latency(backend, samples, pg_admin_url, seed=seed)
+        say(f"claim-to-start p50 {report.latency['idle'].p50_ms:.1f} ms")
+        if backend == "postgres":
+            report.noisy = await measure_noisy_neighbour(pg_admin_url, seed=seed)
+            say("noisy neighbour measured")
     return report
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "SourceTree",
     "SpawnError",
     "SpawnedServer",
+    "agent_run_cap",
     "extract_revision",
     "free_port",
     "head_commit",
@@ -589,3 +590,17 @@ async def raise_run_cap(http: aiohttp.ClientSession, server: SpawnedServer, cap:
     async with http.patch(url, data=body, headers=headers) as resp:
         if resp.status != 200:
             raise SpawnError(f"could not raise the agent's run cap: {await resp.text()}")
+
+
+async def agent_run_cap(http: aiohttp.ClientSession, base_url: str) -> int:
+    """The most runs an agent may run at once, as the server's OpenAPI document states it
+    (`AgentUpdate.max_concurrent_runs.maximum`): the bench reads the limit from outside."""
+    async with http.get(f"{base_url}/openapi.json") as resp:
+        if resp.status != 200:
+            raise SpawnError(f"could not read the OpenAPI document: HTTP {resp.status}")
+        document = orjson.loads(await resp.read())
+    try:
+        field = document["components"]["schemas"]["AgentUpdate"]["properties"]
+        return int(field["max_concurrent_runs"]["maximum"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SpawnError(f"the OpenAPI document states no agent run cap ({exc!r})") from None

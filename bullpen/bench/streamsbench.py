@@ -27,11 +27,16 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
-from bullpen.api.routes.agents import RUNS_MAX as MAX_AGENT_RUNS
 from bullpen.bench.createload import _read_cpu_s
 from bullpen.bench.loadgen import SSEParser
 from bullpen.bench.report import percentile
-from bullpen.bench.spawn import SpawnedServer, SpawnError, raise_run_cap, spawn_server
+from bullpen.bench.spawn import (
+    SpawnedServer,
+    SpawnError,
+    agent_run_cap,
+    raise_run_cap,
+    spawn_server,
+)
 
 Backend = Literal["sqlite", "postgres"]
 BusKind = Literal["postgres", "redis"]
@@ -203,18 +208,19 @@ async def _post(
 
 
 async def _agents(http: aiohttp.ClientSession, server: SpawnedServer, runs: int) -> list[str]:
-    """Agents enough to run `runs` streams at once (each may run at most MAX_AGENT_RUNS): the
-    bench's own agent, raised to the cap, and copies of it."""
+    """Agents enough to run `runs` streams at once (each may run at most the API's cap, read
+    from its OpenAPI document): the bench's own agent, raised to the cap, and copies of it."""
     headers = {"Authorization": f"Bearer {server.api_key}", "Content-Type": "application/json"}
     url = f"{server.base_url}/api/v1/agents"
+    max_agent_runs = await agent_run_cap(http, server.base_url)
     async with http.get(f"{url}/{server.agent_id}", headers=headers) as resp:
         if resp.status != 200:
             raise SpawnError(f"could not read the bench agent: {await resp.text()}")
         config = (await resp.json())["config"]
-    cap = {"max_concurrent_runs": MAX_AGENT_RUNS}
-    await raise_run_cap(http, server, MAX_AGENT_RUNS)
+    cap = {"max_concurrent_runs": max_agent_runs}
+    await raise_run_cap(http, server, max_agent_runs)
     ids = [server.agent_id]
-    for i in range(1, -(-runs // MAX_AGENT_RUNS)):
+    for i in range(1, -(-runs // max_agent_runs)):
         body = {"name": f"streams-bench-{i}", "config": config, **cap}
         async with http.post(url, data=orjson.dumps(body), headers=headers) as resp:
             if resp.status != 201:

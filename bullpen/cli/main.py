@@ -66,8 +66,8 @@ def _settings(data_dir: Path | None, database_url: str | None, **extra: Any) -> 
 
 async def _bootstrap(settings: Settings) -> Bootstrap:
     from bullpen.app import open_store, utcnow
+    from bullpen.security.secrets import load_secret
     from bullpen.services.bootstrap import ensure_bootstrap
-    from bullpen.services.secrets import load_secret
 
     async with open_store(settings) as store:
         return await ensure_bootstrap(

@@ -6,7 +6,7 @@ dicts. Failures become typed errors whose `transient` flag says whether the next
 a chain may be tried, and whose `reason` names what happened (for the run's attempt record
 and the metrics).
 
-Workspace providers pass the outbound guard (`bullpen.gateway.guard`) on every new
+Workspace providers pass the outbound guard (`bullpen.security.outbound`) on every new
 connection; built-in ones (configured by the operator) do not, and have a pool of their own.
 A provider at a non-public address (one `BULLPEN_OUTBOUND_ALLOW` lets through) never has its
 own error text shown, and until it has answered as an OpenAI-compatible provider does (an
@@ -27,7 +27,6 @@ from typing import Any
 import orjson
 from aiohttp.abc import AbstractResolver
 
-from bullpen.agents.outbound import SETTING, OutboundAllow, OutboundRefused
 from bullpen.errors import (
     ProviderAuth,
     ProviderError,
@@ -36,9 +35,9 @@ from bullpen.errors import (
     ProviderTimeout,
 )
 from bullpen.gateway.catalog import Provider
-from bullpen.gateway.guard import AddressGuard
 from bullpen.gateway.http1 import Http1Pool, Peer, Response, target_of
 from bullpen.gateway.redact import scrub
+from bullpen.security.outbound import SETTING, AddressGuard, OutboundAllow, OutboundRefused
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ waits on a future only when the buffer is empty.
 - TLS for `https` with the system's trust store; no proxies, cookies, redirects or
   compression (`Accept-Encoding: identity`; a compressed answer is refused).
 - Reading stops (the socket is paused) while more than `BUFFER_LIMIT` bytes wait unread.
-- With a `guard` (`bullpen.gateway.guard`), a new connection goes only to an address the
+- With a `guard` (`bullpen.security.outbound`), a new connection goes only to an address the
   guard resolved and allowed, never to the name itself; what it learnt of the address
   (public or not) is told to the caller through `Peer`.
 

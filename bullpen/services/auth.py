@@ -13,8 +13,8 @@ from bullpen.domain import tokens
 from bullpen.domain.access import AGENT_PERMISSIONS, ROLE_PERMISSIONS, effective, parse_scopes
 from bullpen.domain.principal import NO_WORKSPACE, Principal, Role
 from bullpen.errors import RateLimited, Unauthenticated, Unavailable
-from bullpen.services.passwords import HashCost, PasswordPool
-from bullpen.services.ratelimit import FailureWindow
+from bullpen.security.passwords import HashCost, PasswordPool
+from bullpen.security.ratelimit import FailureWindow
 from bullpen.store import identity
 from bullpen.store.base import Store
 

@@ -24,12 +24,12 @@ from typing import Any
 from urllib.parse import urlsplit
 from uuid import UUID
 
-from bullpen.agents.outbound import OutboundAllow, OutboundRefused, check_url
 from bullpen.domain.access import Permission, need
 from bullpen.domain.principal import Principal
 from bullpen.errors import Conflict, InvalidInput, NotFound
 from bullpen.gateway.catalog import Catalog, Price, Provider, Target, Timeouts
-from bullpen.services.secrets import SecretBox, hint
+from bullpen.security.outbound import OutboundAllow, OutboundRefused, check_url
+from bullpen.security.secrets import SecretBox, hint
 from bullpen.store import audit
 from bullpen.store import gateway as gateway_store
 from bullpen.store.base import Connection, Store

@@ -350,7 +350,7 @@ providers = sa.Table(
     _workspace_fk(),
     sa.Column("name", sa.String(100), nullable=False),
     sa.Column("base_url", sa.String(2000), nullable=False),
-    # AES-GCM ciphertext (see services/secrets.py); the key itself is never stored or shown.
+    # AES-GCM ciphertext (see security/secrets.py); the key itself is never stored or shown.
     sa.Column("api_key_ciphertext", sa.LargeBinary),
     sa.Column("api_key_hint", sa.String(32)),
     # [{"name", "input_per_mtok", "cached_input_per_mtok", "output_per_mtok"}], USD per 1M tokens.

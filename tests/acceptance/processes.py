@@ -18,8 +18,8 @@ from typing import IO, Any
 import pytest
 
 from bullpen.app import open_store, utcnow
+from bullpen.security.secrets import load_secret
 from bullpen.services.bootstrap import ensure_bootstrap
-from bullpen.services.secrets import load_secret
 from bullpen.settings import Settings
 
 

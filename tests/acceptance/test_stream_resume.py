@@ -33,8 +33,8 @@ from hypothesis import settings as examples
 from hypothesis import strategies as st
 
 from bullpen.app import bus_kind, open_store, utcnow
+from bullpen.security.secrets import load_secret
 from bullpen.services.bootstrap import SIMULATED_MODEL, ensure_bootstrap
-from bullpen.services.secrets import load_secret
 from bullpen.settings import Settings
 from bullpen.simulator.provider import SimConfig, SimulatedProvider
 from bullpen.store.base import Store

@@ -12,8 +12,8 @@ import pytest
 import pytest_asyncio
 
 from bullpen.app import open_store, utcnow
+from bullpen.security.secrets import load_secret
 from bullpen.services.bootstrap import ensure_bootstrap
-from bullpen.services.secrets import load_secret
 from bullpen.settings import Settings
 from tests.conftest import BACKENDS, FAST_SIM, RunningServer, _admin, _db_url, start_server
 

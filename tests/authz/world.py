@@ -17,9 +17,9 @@ import sqlalchemy as sa
 
 from bullpen.domain import tokens
 from bullpen.domain.principal import Role
+from bullpen.security.secrets import SecretBox
 from bullpen.services.auth import hash_password
 from bullpen.services.gateway import key_context
-from bullpen.services.secrets import SecretBox
 from bullpen.store import agents as agent_store
 from bullpen.store import gateway as gateway_store
 from bullpen.store import identity

@@ -22,8 +22,8 @@ from typing import Any
 
 import schemathesis
 
-from bullpen.agents.outbound import OutboundAllow, check_url
 from bullpen.errors import InvalidInput
+from bullpen.security.outbound import OutboundAllow, check_url
 from bullpen.services.routines import first_slot
 
 # The seeded tenant's ids (workspace, users, API keys, agents), comma-separated, set by the test.

@@ -27,11 +27,11 @@ from typing import IO, Any
 import sqlalchemy as sa
 
 from bullpen.app import open_store
-from bullpen.bench.runqueue import bootstrap, enqueue
 from bullpen.settings import Settings
 from bullpen.store.base import Store
 from bullpen.store.tables import run_events, runs, tasks
 from tests.acceptance.processes import log_file, process_env, read_log
+from tests.faults.queueload import bootstrap, enqueue
 
 TERMINAL = ("done", "failed", "cancelled")
 

@@ -21,7 +21,6 @@ import aiohttp
 import pytest
 import sqlalchemy as sa
 
-from bullpen.bench.runqueue import noisy_neighbour, second_workspace
 from bullpen.settings import Settings
 from bullpen.store.base import Store
 from bullpen.store.engine import create_store
@@ -36,6 +35,7 @@ from tests.faults.cluster import (
     worker_env,
     workers,
 )
+from tests.faults.queueload import noisy_neighbour, second_workspace
 
 pytestmark = pytest.mark.timeout(300)
 POSTGRES = pytest.mark.parametrize("backend", ["postgres"])  # faults of several processes

@@ -25,13 +25,13 @@ import sqlalchemy as sa
 from aiohttp.abc import AbstractResolver, ResolveResult
 from prometheus_client import CollectorRegistry
 
-from bullpen.agents.outbound import OutboundAllow
 from bullpen.errors import ProviderError
 from bullpen.gateway.breaker import BreakerPolicy, Breakers
 from bullpen.gateway.catalog import Price, Provider, Target, Timeouts
 from bullpen.gateway.client import GatewayClient
 from bullpen.gateway.metrics import GatewayMetrics
 from bullpen.gateway.router import Call, Router, content_of
+from bullpen.security.outbound import OutboundAllow
 from bullpen.simulator.provider import SimConfig, SimulatedProvider
 from bullpen.store.tables import providers
 from tests.conftest import RunningServer

@@ -41,7 +41,7 @@ from bullpen.agents.process_env import (
 from bullpen.domain.events import EventKind
 from bullpen.domain.status import RunStatus
 from bullpen.errors import BullpenError, InvalidInput
-from bullpen.services.secrets import SecretBox
+from bullpen.security.secrets import SecretBox
 from bullpen.settings import Settings
 from bullpen.store.runs import ClaimedRun, RunOutcome
 

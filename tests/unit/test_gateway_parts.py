@@ -11,8 +11,8 @@ from bullpen.errors import BullpenError, ModelNotFound
 from bullpen.gateway.breaker import Breaker, BreakerPolicy, Breakers, BreakerState
 from bullpen.gateway.catalog import Catalog, Price, Provider, Target, Timeouts
 from bullpen.gateway.redact import MASK, ChunkRedactor, Redactor, scrub
+from bullpen.security.secrets import SecretBox, hint
 from bullpen.services.gateway import origin
-from bullpen.services.secrets import SecretBox, hint
 
 LIMITS = Timeouts(connect_s=1, ttft_s=1, idle_s=1, deadline_s=10)
 

@@ -12,15 +12,15 @@ from ipaddress import ip_address, ip_network
 import pytest
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from bullpen.agents.outbound import (
+from bullpen.errors import InvalidInput
+from bullpen.security.outbound import (
+    AddressGuard,
     GuardedResolver,
     OutboundAllow,
     OutboundRefused,
     check_url,
     refusal_reason,
 )
-from bullpen.errors import InvalidInput
-from bullpen.gateway.guard import AddressGuard
 
 NOBODY = OutboundAllow()
 

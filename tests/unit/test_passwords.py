@@ -10,7 +10,7 @@ from argon2 import PasswordHasher, Type, extract_parameters
 from pydantic import ValidationError
 
 from bullpen.errors import Unavailable
-from bullpen.services.passwords import HashCost, PasswordPool
+from bullpen.security.passwords import HashCost, PasswordPool
 from bullpen.settings import Settings
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bullpen.errors import RateLimited
-from bullpen.services.ratelimit import CallerLimits, FailureWindow, TokenBuckets
+from bullpen.security.ratelimit import CallerLimits, FailureWindow, TokenBuckets
 
 
 class Clock:

@@ -17,11 +17,20 @@ Two checks, both needed:
   nothing.
 
 Refusals raise `OutboundRefused` (permanent: the same target is refused next time too).
+
+The gateway applies the same rules to workspace providers: `check_url` when a provider is
+created or changed, and `AddressGuard` on every new connection, where it counts: the host is
+resolved once, every address it resolves to must be allowed, and the connection goes to one of
+those checked addresses, never to the name. A row stored before the check existed, or edited in
+the database, meets the same refusal. Built-in providers (the simulator `bullpen up` starts, or
+`BULLPEN_SIM_URL`) are configured by the operator, not by a workspace, and are not guarded: see
+`GatewayClient`. Both guards ask one question, `first_refused`.
 """
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from ipaddress import (
     IPv4Address,
@@ -180,6 +189,19 @@ class OutboundAllow:
         return why
 
 
+def first_refused(
+    allow: OutboundAllow, host: str, addresses: Sequence[IPAddress]
+) -> tuple[IPAddress, str] | None:
+    """The first of `host`'s addresses that may not be called, and why; None when all may."""
+    if allow.permits_name(host):
+        return None
+    for address in addresses:
+        why = allow.refusal(address)
+        if why is not None:
+            return address, why
+    return None
+
+
 def _refused(host: str, address: IPAddress, why: str) -> OutboundRefused:
     shown = host if host == str(address) else f"{host} ({address})"
     return OutboundRefused(
@@ -258,16 +280,66 @@ class GuardedResolver(AbstractResolver):
     ) -> list[ResolveResult]:
         """The host's addresses, all of them allowed; else OutboundRefused."""
         found = await self._inner.resolve(host, port, family)
-        if self._allow.permits_name(host):
-            return found
-        for result in found:
-            address = ip_address(result["host"])
-            why = self._allow.refusal(address)
-            if why is not None:
-                raise _refused(host, address, why)
+        refused = first_refused(self._allow, host, [ip_address(r["host"]) for r in found])
+        if refused is not None:
+            raise _refused(host, *refused)
         return found
 
     async def close(self) -> None:
         """Close the inner resolver if this guard made it."""
         if self._owns_inner:
             await self._inner.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """Where a host may be connected to: its addresses, every one allowed."""
+
+    addresses: tuple[tuple[socket.AddressFamily, str], ...]
+    # Every address is public and the host is not allowed by name: failures of calls to it
+    # may be shown as they are. Otherwise they are shown alike (see `GatewayClient`).
+    public: bool
+
+
+class AddressGuard:
+    """Resolves a provider's host and refuses it when any address is not allowed.
+
+    `resolver` does the lookups (aiohttp's default, the system's, when None); tests pass a
+    stub to make a name resolve to a chosen address.
+    """
+
+    def __init__(self, allow: OutboundAllow, resolver: AbstractResolver | None = None) -> None:
+        self._allow = allow
+        self._owns_resolver = resolver is None
+        self._resolver = aiohttp.DefaultResolver() if resolver is None else resolver
+
+    async def check(self, host: str, port: int) -> Checked:
+        """The host's addresses, all allowed; else OutboundRefused (nothing was connected)."""
+        try:
+            literal = ip_address(host)
+        except ValueError:
+            literal = None
+        if literal is not None:
+            family = socket.AF_INET6 if isinstance(literal, IPv6Address) else socket.AF_INET
+            found = [(family, host)]
+        else:
+            results = await self._resolver.resolve(host, port, socket.AF_UNSPEC)
+            found = [(socket.AddressFamily(r["family"]), r["host"]) for r in results]
+        if not found:
+            raise OSError(f"{host!r} resolved to no address")
+        addresses = [ip_address(text) for _, text in found]
+        refused = first_refused(self._allow, host, addresses)
+        if refused is not None:
+            address, why = refused
+            raise OutboundRefused(
+                f"refused to call {host} ({address}): not a public address ({why})"
+            )
+        public = not self._allow.permits_name(host) and all(
+            refusal_reason(address) is None for address in addresses
+        )
+        return Checked(tuple(found), public)
+
+    async def close(self) -> None:
+        """Close the resolver if this guard made it."""
+        if self._owns_resolver:
+            await self._resolver.close()
