@@ -63,9 +63,9 @@ from yarl import URL
 from bullpen.agents.base import Events, RunContext, done
 from bullpen.agents.outbound import GuardedResolver, OutboundAllow, check_url
 from bullpen.domain.events import EventKind
+from bullpen.domain.runs import RunOutcome
 from bullpen.errors import BullpenError, InvalidInput
 from bullpen.services.secrets import SecretBox, hint
-from bullpen.store.runs import RunOutcome
 
 DEFAULT_TIMEOUT_S = 300.0
 MAX_TIMEOUT_S = 3600.0

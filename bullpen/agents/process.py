@@ -84,9 +84,9 @@ from bullpen.agents.process_env import (
     sealed_secrets,
 )
 from bullpen.domain.events import EventKind
+from bullpen.domain.runs import RunOutcome
 from bullpen.errors import BullpenError, InvalidInput
 from bullpen.services.secrets import SecretBox
-from bullpen.store.runs import RunOutcome
 
 log = logging.getLogger(__name__)
 

@@ -39,11 +39,11 @@ from bullpen.agents.process_env import (
     secret_hint,
 )
 from bullpen.domain.events import EventKind
+from bullpen.domain.runs import ClaimedRun, RunOutcome
 from bullpen.domain.status import RunStatus
 from bullpen.errors import BullpenError, InvalidInput
 from bullpen.services.secrets import SecretBox
 from bullpen.settings import Settings
-from bullpen.store.runs import ClaimedRun, RunOutcome
 
 SH, CAT, ENV = "/bin/sh", "/bin/cat", "/usr/bin/env"
 ALLOW = frozenset({SH, CAT, ENV})
