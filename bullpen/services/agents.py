@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from bullpen.agents.configs import ConfigPolicy, public_config
 from bullpen.domain.access import Permission, need
+from bullpen.domain.agents import AgentStatus
 from bullpen.domain.principal import Principal
 from bullpen.errors import AgentTerminated, Conflict, InvalidInput, NotFound
 from bullpen.store import agents as agent_store
@@ -28,8 +29,7 @@ from bullpen.store import audit
 from bullpen.store.base import Connection, Store
 
 ADAPTERS = frozenset({"llm", "http", "process"})
-SETTABLE_STATUSES = frozenset({"active", "paused"})
-TERMINATED = "terminated"
+SETTABLE_STATUSES = frozenset({AgentStatus.ACTIVE.value, AgentStatus.PAUSED.value})
 
 
 def _check(adapter: str | None = None, status: str | None = None) -> None:
@@ -68,7 +68,7 @@ class AgentService:
         adapter: str,
         config: BaseModel,
         max_concurrent_runs: int = 10,
-        status: str = "active",
+        status: str = AgentStatus.ACTIVE,
         description: str = "",
         reports_to: UUID | None = None,
     ) -> Any:
@@ -131,7 +131,7 @@ class AgentService:
                     ),
                 }
             changed = {k: v for k, v in changes.items() if getattr(before, k) != v}
-            if "status" in changed and before.status == TERMINATED:
+            if "status" in changed and before.status == AgentStatus.TERMINATED:
                 raise AgentTerminated("a terminated agent cannot be reactivated or paused")
             if not changed:
                 return before
@@ -165,14 +165,15 @@ class AgentService:
             before = await self._agent(conn, principal, agent_id)
             if before.status == status:
                 return before
-            if before.status == TERMINATED:
+            if before.status == AgentStatus.TERMINATED:
                 raise AgentTerminated(f"agent {before.name!r} is terminated")
             await agent_store.update_agent(
                 conn, principal.workspace_id, agent_id, {"status": status}
             )
-            action = {"active": "agent.resume", "paused": "agent.pause"}.get(
-                status, "agent.terminate"
-            )
+            action = {
+                AgentStatus.ACTIVE.value: "agent.resume",
+                AgentStatus.PAUSED.value: "agent.pause",
+            }.get(status, "agent.terminate")
             await audit.record_by(
                 conn,
                 principal,
@@ -182,7 +183,7 @@ class AgentService:
                 now,
                 {"before": {"status": before.status}, "after": {"status": status}},
             )
-            if status == TERMINATED:
+            if status == AgentStatus.TERMINATED:
                 await self._revoke_keys(conn, principal, agent_id, now)
             return await self._agent(conn, principal, agent_id)
 
@@ -222,7 +223,7 @@ class AgentService:
         found = await agent_store.get_agent(conn, principal.workspace_id, manager)
         if found is None:
             raise NotFound("reports_to: no such agent in this workspace")
-        if found.status == TERMINATED:
+        if found.status == AgentStatus.TERMINATED:
             raise AgentTerminated(f"reports_to: agent {found.name!r} is terminated")
         if agent_id is not None and agent_id in await agent_store.managers(
             conn, principal.workspace_id, manager

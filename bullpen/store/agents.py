@@ -14,6 +14,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy import exc
 
+from bullpen.domain.agents import AgentStatus
 from bullpen.domain.status import TERMINAL_TASK
 from bullpen.errors import Conflict
 from bullpen.store.base import Connection
@@ -35,7 +36,7 @@ async def create_agent(
     adapter: str,
     config: dict[str, Any],
     now: datetime,
-    status: str = "active",
+    status: str = AgentStatus.ACTIVE.value,
     max_concurrent_runs: int = 10,
     description: str = "",
     reports_to: UUID | None = None,
