@@ -22,6 +22,7 @@ from bullpen.agents.configs import ConfigPolicy, public_config
 from bullpen.domain.access import Permission, need
 from bullpen.domain.agents import AgentStatus
 from bullpen.domain.principal import Principal
+from bullpen.domain.records import AgentRecord
 from bullpen.errors import AgentTerminated, Conflict, InvalidInput, NotFound
 from bullpen.store import agents as agent_store
 from bullpen.store import api_keys as key_store
@@ -47,13 +48,13 @@ class AgentService:
         self._clock = clock
         self._configs = configs
 
-    async def list(self, principal: Principal) -> Sequence[Any]:
+    async def list(self, principal: Principal) -> Sequence[AgentRecord]:
         """The workspace's agents by name."""
         need(principal, Permission.AGENTS_READ)
         async with self._store.read() as conn:
             return await agent_store.list_agents(conn, principal.workspace_id)
 
-    async def get(self, principal: Principal, agent_id: UUID) -> Any:
+    async def get(self, principal: Principal, agent_id: UUID) -> AgentRecord:
         """One agent; another workspace's is NotFound."""
         need(principal, Permission.AGENTS_READ)
         async with self._store.read() as conn:
@@ -71,7 +72,7 @@ class AgentService:
         status: str = AgentStatus.ACTIVE,
         description: str = "",
         reports_to: UUID | None = None,
-    ) -> Any:
+    ) -> AgentRecord:
         """Create an agent; a name already used in the workspace is Conflict."""
         need(principal, Permission.AGENTS_WRITE)
         _check(adapter, status)
@@ -114,7 +115,9 @@ class AgentService:
             )
             return await self._agent(conn, principal, agent_id)
 
-    async def update(self, principal: Principal, agent_id: UUID, changes: dict[str, Any]) -> Any:
+    async def update(
+        self, principal: Principal, agent_id: UUID, changes: dict[str, Any]
+    ) -> AgentRecord:
         """Change any of name, title, config, max_concurrent_runs, status (active or paused)."""
         need(principal, Permission.AGENTS_WRITE)
         if not changes.keys() <= agent_store.UPDATABLE:
@@ -152,7 +155,7 @@ class AgentService:
             )
             return await self._agent(conn, principal, agent_id)
 
-    async def set_status(self, principal: Principal, agent_id: UUID, status: str) -> Any:
+    async def set_status(self, principal: Principal, agent_id: UUID, status: str) -> AgentRecord:
         """Pause (no new claims; running runs finish), resume, or terminate an agent.
 
         Setting the status it has is a no-op; a terminated agent stays terminated. Terminating
@@ -261,7 +264,7 @@ class AgentService:
                 {"name": agent.name, "adapter": agent.adapter, "status": agent.status},
             )
 
-    async def _agent(self, conn: Connection, principal: Principal, agent_id: UUID) -> Any:
+    async def _agent(self, conn: Connection, principal: Principal, agent_id: UUID) -> AgentRecord:
         agent = await agent_store.get_agent(conn, principal.workspace_id, agent_id)
         if agent is None:
             raise NotFound("no such agent")

@@ -37,6 +37,7 @@ from cronsim import CronSim, CronSimError
 
 from bullpen.domain.access import Permission, need
 from bullpen.domain.principal import Principal
+from bullpen.domain.records import AgentRecord, RunRecord, TaskRecord
 from bullpen.domain.status import TERMINAL_TASK, TaskStatus
 from bullpen.errors import BullpenError, Conflict, InvalidInput, NotFound, RateLimited
 from bullpen.services.tasks import title_from_prompt
@@ -162,7 +163,7 @@ async def _queue_task(
     now: datetime,
     creator_user_id: UUID | None,
     creator_key_id: UUID | None,
-) -> tuple[Any, Any]:
+) -> tuple[TaskRecord, RunRecord]:
     """Create the routine's task for a claimed slot and link the two."""
     task, run = await task_store.insert_task_with_run(
         conn,
@@ -216,7 +217,7 @@ class RoutineService:
         limit: int,
         after: tuple[datetime, UUID] | None,
         agent_id: UUID | None = None,
-    ) -> Page:
+    ) -> Page[Any]:
         """A page of the workspace's routines, oldest first."""
         need(principal, Permission.TASKS_READ)
         async with self._store.read() as conn:
@@ -366,7 +367,7 @@ class RoutineService:
         *,
         limit: int,
         after: tuple[datetime, UUID] | None,
-    ) -> Page:
+    ) -> Page[Any]:
         """A page of the routine's fires, latest slot first."""
         need(principal, Permission.TASKS_READ)
         async with self._store.read() as conn:
@@ -379,7 +380,7 @@ class RoutineService:
             raise NotFound("no such routine")
         return routine
 
-    async def _agent(self, conn: Connection, principal: Principal, agent_id: UUID) -> Any:
+    async def _agent(self, conn: Connection, principal: Principal, agent_id: UUID) -> AgentRecord:
         agent = await agent_store.get_agent(conn, principal.workspace_id, agent_id)
         if agent is None:
             raise NotFound("no such agent in this workspace")

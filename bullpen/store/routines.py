@@ -67,7 +67,7 @@ async def list_routines(
     limit: int,
     after: tuple[datetime, UUID] | None,
     agent_id: UUID | None = None,
-) -> Page:
+) -> Page[Any]:
     """A page of the workspace's routines, oldest first, keyset-paginated."""
     c = routines.c
     query = sa.select(routines).where(c.workspace_id == workspace_id)
@@ -200,7 +200,7 @@ async def get_fire(conn: Connection, routine_id: UUID, slot_at: datetime) -> Any
 
 async def list_fires(
     conn: Connection, routine_id: UUID, *, limit: int, after: tuple[datetime, UUID] | None
-) -> Page:
+) -> Page[Any]:
     """A page of a routine's fires, latest slot first, keyset-paginated on (slot_at, routine)."""
     c = routine_fires.c
     query = sa.select(routine_fires).where(c.routine_id == routine_id)

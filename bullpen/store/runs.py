@@ -13,6 +13,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
+from bullpen.domain.records import RunRecord
 from bullpen.domain.runs import Held, Redelivery, RetryPolicy, RunOutcome
 from bullpen.domain.status import RunStatus, TaskStatus
 from bullpen.store import gateway as gateway_store
@@ -391,10 +392,11 @@ async def finish(
     return True
 
 
-async def get_run(conn: Connection, workspace_id: UUID, run_id: UUID) -> Any | None:
+async def get_run(conn: Connection, workspace_id: UUID, run_id: UUID) -> RunRecord | None:
     """The run in this workspace, or None."""
-    return (
+    row = (
         await conn.execute(
             sa.select(runs).where(runs.c.id == run_id, runs.c.workspace_id == workspace_id)
         )
     ).first()
+    return None if row is None else RunRecord.of(row._mapping)

@@ -36,6 +36,7 @@ from bullpen.api.schemas import Strict, integral, optional
 from bullpen.domain.access import Permission
 from bullpen.domain.agents import AgentStatus
 from bullpen.domain.principal import Principal
+from bullpen.domain.records import AgentRecord
 from bullpen.services.agents import AgentService
 
 SYSTEM_PROMPT_MAX = 20_000
@@ -284,7 +285,7 @@ class AgentPublic(BaseModel):
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: Any, principal: Principal) -> AgentPublic:
+    def from_row(cls, row: AgentRecord, principal: Principal) -> AgentPublic:
         """Build from an `agents` row, as `principal` may see it."""
         return cls(
             id=row.id,
