@@ -8,7 +8,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
-from bullpen.domain.records import CommentRecord, RunRecord, TaskRecord
+from bullpen.domain.records import CommentRecord, RunRecord, TaskLink, TaskRecord
 from bullpen.store.workflow import MAX_BLOCKERS
 
 PROMPT_MIN = 10
@@ -265,7 +265,7 @@ class TaskRef(BaseModel):
     error: str | None
 
     @classmethod
-    def from_row(cls, row: Any) -> TaskRef:
+    def from_row(cls, row: TaskLink) -> TaskRef:
         """Build from a row of `store.workflow.children` or `blockers`."""
         return cls(
             id=row.id,

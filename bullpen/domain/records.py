@@ -1,4 +1,4 @@
-"""Typed records of the rows that cross layers: a task, a run, an agent, a comment.
+"""Typed records of the rows that cross layers: tasks, runs, agents, comments, routines.
 
 The store builds them once, at its edge, from the rows it reads or writes; services and the API
 read their attributes (the same names as the columns), never a driver's row. Statuses are the
@@ -137,6 +137,77 @@ class CommentRecord:
     body: str
     created_at: datetime
     origin_key: str | None
+
+    @classmethod
+    def of(cls, values: Mapping[Any, Any]) -> Self:
+        """Build from a row's mapping."""
+        return cls(**_pick(cls, values))
+
+
+@dataclass(frozen=True, slots=True)
+class TaskLink:
+    """A child or blocker of a task as the task sees it: key, title, assignee and outcome."""
+
+    id: UUID
+    number: int
+    task_key: str
+    title: str
+    agent: str  # the assignee's name
+    status: TaskStatus
+    result: str | None
+    error: str | None
+    blocks_parent: bool  # whether its parent waits for it (a blocker's own flag, unused)
+
+    @classmethod
+    def of(cls, values: Mapping[Any, Any]) -> Self:
+        """Build from a row's mapping."""
+        picked = _pick(cls, values)
+        picked["status"] = TaskStatus(picked["status"])
+        return cls(**picked)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutineRecord:
+    """A routine as stored: a cron schedule that creates a task for its agent."""
+
+    id: UUID
+    workspace_id: UUID
+    name: str
+    agent_id: UUID
+    cron: str
+    timezone: str
+    title: str | None
+    prompt: str
+    priority: int
+    labels: list[str]
+    concurrency: str
+    catch_up: str
+    enabled: bool
+    next_fire_at: datetime | None
+    last_task_id: UUID | None
+    creator_user_id: UUID | None
+    creator_key_id: UUID | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, values: Mapping[Any, Any]) -> Self:
+        """Build from a row's mapping."""
+        return cls(**_pick(cls, values))
+
+
+@dataclass(frozen=True, slots=True)
+class RoutineFireRecord:
+    """One slot a routine handled: what it did there, and the task it created, if any."""
+
+    routine_id: UUID
+    slot_at: datetime
+    workspace_id: UUID
+    source: str
+    outcome: str
+    detail: str | None
+    task_id: UUID | None
+    created_at: datetime
 
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:

@@ -37,7 +37,13 @@ from cronsim import CronSim, CronSimError
 
 from bullpen.domain.access import Permission, need
 from bullpen.domain.principal import Principal
-from bullpen.domain.records import AgentRecord, RunRecord, TaskRecord
+from bullpen.domain.records import (
+    AgentRecord,
+    RoutineFireRecord,
+    RoutineRecord,
+    RunRecord,
+    TaskRecord,
+)
 from bullpen.domain.status import TERMINAL_TASK, TaskStatus
 from bullpen.errors import BullpenError, Conflict, InvalidInput, NotFound, RateLimited
 from bullpen.services.tasks import title_from_prompt
@@ -217,7 +223,7 @@ class RoutineService:
         limit: int,
         after: tuple[datetime, UUID] | None,
         agent_id: UUID | None = None,
-    ) -> Page[Any]:
+    ) -> Page[RoutineRecord]:
         """A page of the workspace's routines, oldest first."""
         need(principal, Permission.TASKS_READ)
         async with self._store.read() as conn:
@@ -225,13 +231,13 @@ class RoutineService:
                 conn, principal.workspace_id, limit=limit, after=after, agent_id=agent_id
             )
 
-    async def get(self, principal: Principal, routine_id: UUID) -> Any:
+    async def get(self, principal: Principal, routine_id: UUID) -> RoutineRecord:
         """One routine; another workspace's is NotFound."""
         need(principal, Permission.TASKS_READ)
         async with self._store.read() as conn:
             return await self._routine(conn, principal, routine_id)
 
-    async def create(self, principal: Principal, values: dict[str, Any]) -> Any:
+    async def create(self, principal: Principal, values: dict[str, Any]) -> RoutineRecord:
         """Create a routine for an agent of the workspace; its first slot is the next one."""
         need(principal, Permission.AGENTS_WRITE)
         _check(values)
@@ -260,7 +266,9 @@ class RoutineService:
             )
             return await self._routine(conn, principal, routine_id)
 
-    async def update(self, principal: Principal, routine_id: UUID, changes: dict[str, Any]) -> Any:
+    async def update(
+        self, principal: Principal, routine_id: UUID, changes: dict[str, Any]
+    ) -> RoutineRecord:
         """Change any of a routine's settings; a new schedule or enabling it restarts its slots
         from now (slots passed while it was disabled are not caught up)."""
         need(principal, Permission.AGENTS_WRITE)
@@ -315,7 +323,7 @@ class RoutineService:
                 {"name": routine.name, "agent_id": str(routine.agent_id)},
             )
 
-    async def fire(self, principal: Principal, routine_id: UUID) -> Any:
+    async def fire(self, principal: Principal, routine_id: UUID) -> RoutineFireRecord:
         """Create the routine's task now, whatever its schedule, `enabled` and concurrency
         policy; returns the fire. A paused agent is Conflict, a full queue RateLimited."""
         need(principal, Permission.TASKS_WRITE)
@@ -367,14 +375,16 @@ class RoutineService:
         *,
         limit: int,
         after: tuple[datetime, UUID] | None,
-    ) -> Page[Any]:
+    ) -> Page[RoutineFireRecord]:
         """A page of the routine's fires, latest slot first."""
         need(principal, Permission.TASKS_READ)
         async with self._store.read() as conn:
             await self._routine(conn, principal, routine_id)
             return await routine_store.list_fires(conn, routine_id, limit=limit, after=after)
 
-    async def _routine(self, conn: Connection, principal: Principal, routine_id: UUID) -> Any:
+    async def _routine(
+        self, conn: Connection, principal: Principal, routine_id: UUID
+    ) -> RoutineRecord:
         routine = await routine_store.get_routine(conn, principal.workspace_id, routine_id)
         if routine is None:
             raise NotFound("no such routine")

@@ -18,7 +18,7 @@ from uuid import UUID
 from bullpen.domain.access import Permission, need
 from bullpen.domain.events import EventKind, RunEvent
 from bullpen.domain.principal import Principal
-from bullpen.domain.records import CommentRecord, RunRecord, TaskRecord, TaskWithRun
+from bullpen.domain.records import CommentRecord, RunRecord, TaskLink, TaskRecord, TaskWithRun
 from bullpen.domain.status import TERMINAL_TASK, RunStatus, TaskStatus, task_can_move
 from bullpen.errors import (
     AgentTerminated,
@@ -160,7 +160,7 @@ class TaskService:
 
     async def dependencies(
         self, principal: Principal, task_id: UUID
-    ) -> tuple[list[Any], list[Any]]:
+    ) -> tuple[list[TaskLink], list[TaskLink]]:
         """A task's children and blockers, with their assignees' names."""
         async with self._store.read() as conn:
             await self._task(conn, principal, task_id)

@@ -10,9 +10,17 @@ import pytest
 import sqlalchemy as sa
 
 from bullpen.domain.agents import AgentStatus
-from bullpen.domain.records import AgentRecord, CommentRecord, RunRecord, TaskRecord
+from bullpen.domain.records import (
+    AgentRecord,
+    CommentRecord,
+    RoutineFireRecord,
+    RoutineRecord,
+    RunRecord,
+    TaskLink,
+    TaskRecord,
+)
 from bullpen.domain.status import RunStatus, TaskStatus
-from bullpen.store.tables import agents, runs, task_comments, tasks
+from bullpen.store.tables import agents, routine_fires, routines, runs, task_comments, tasks
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -28,12 +36,18 @@ def _names(record: type) -> set[str]:
         (RunRecord, runs, set()),
         (AgentRecord, agents, set()),
         (CommentRecord, task_comments, set()),
+        (RoutineRecord, routines, set()),
+        (RoutineFireRecord, routine_fires, set()),
     ],
 )
 def test_each_record_holds_every_column_of_its_table(
     record: type, table: sa.Table, extra: set[str]
 ) -> None:
     assert _names(record) == {column.name for column in table.c} | extra
+
+
+def test_a_task_link_reads_task_columns_and_the_assignee() -> None:
+    assert _names(TaskLink) <= {column.name for column in tasks.c} | {"task_key", "agent"}
 
 
 def test_agent_statuses_are_the_stored_strings() -> None:
