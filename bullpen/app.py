@@ -17,6 +17,7 @@ from bullpen.agents.configs import ConfigPolicy
 from bullpen.agents.http import HttpAdapter
 from bullpen.agents.llm import LlmAdapter
 from bullpen.agents.team import Team
+from bullpen.domain.runs import RetryPolicy
 from bullpen.gateway.breaker import BreakerPolicy, Breakers
 from bullpen.gateway.catalog import Price, Provider, Timeouts
 from bullpen.gateway.client import GatewayClient
@@ -41,7 +42,6 @@ from bullpen.simulator.provider import SimConfig, SimulatedProvider
 from bullpen.store.base import Store
 from bullpen.store.engine import create_store
 from bullpen.store.migrate import migrate
-from bullpen.store.runs import RetryPolicy
 from bullpen.streams.bus.base import Bus
 from bullpen.streams.bus.memory import Hub, MemoryBus
 from bullpen.streams.bus.postgres import PgNotify

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from bullpen.domain.events import EventKind
+from bullpen.domain.runs import ClaimedRun, RunOutcome
 from bullpen.domain.status import RunStatus
-from bullpen.store.runs import ClaimedRun, RunOutcome
 
 
 class Events(Protocol):

@@ -62,10 +62,10 @@ from yarl import URL
 
 from bullpen.agents.base import Events, RunContext, done
 from bullpen.domain.events import EventKind
+from bullpen.domain.runs import RunOutcome
 from bullpen.errors import BullpenError, InvalidInput
 from bullpen.security.outbound import GuardedResolver, OutboundAllow, check_url
 from bullpen.security.secrets import SecretBox, hint
-from bullpen.store.runs import RunOutcome
 
 DEFAULT_TIMEOUT_S = 300.0
 MAX_TIMEOUT_S = 3600.0

@@ -22,12 +22,12 @@ import orjson
 from bullpen.agents.base import Events, Related, RunContext
 from bullpen.agents.team import Report, StepResult, Team, ToolCall
 from bullpen.domain.events import EventKind
+from bullpen.domain.runs import RunOutcome
 from bullpen.domain.status import RunStatus
 from bullpen.errors import AgentLoop, AgentStopped, BullpenError
 from bullpen.gateway.catalog import Target
 from bullpen.gateway.chunks import ToolCalls
 from bullpen.gateway.router import Call, Gateway, content_of
-from bullpen.store.runs import RunOutcome
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful agent working on a task for your team."
 MAX_STEPS, MAX_WALL_S, LOOP_REPEATS = 20, 600.0, 3

@@ -40,13 +40,12 @@ not fully trusted.
 
 The environment names a config may set are the operator's too (`BULLPEN_PROCESS_ENV_ALLOW`,
 checked when a config is saved and again at every run), and its `secret_env` is sealed and never
-shown: see `process_env`.
+shown: see `process_env`. Output handling is `process_output`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import ctypes
 import functools
@@ -57,8 +56,8 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable, Collection, Mapping
-from typing import Annotated, Any, Literal, Protocol
+from collections.abc import Collection, Mapping
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from pydantic import (
@@ -72,7 +71,7 @@ from pydantic import (
     field_validator,
 )
 
-from bullpen.agents.base import Events, RunContext, done
+from bullpen.agents.base import RunContext, done
 from bullpen.agents.process_env import (
     ENV_ALLOW_DEFAULT,
     ENV_ALLOW_SETTING,
@@ -83,10 +82,16 @@ from bullpen.agents.process_env import (
     open_secrets,
     sealed_secrets,
 )
-from bullpen.domain.events import EventKind
+from bullpen.agents.process_output import (
+    OutputBudget,
+    OutputSink,
+    PipeReader,
+    StderrSink,
+    StdoutSink,
+)
+from bullpen.domain.runs import RunOutcome
 from bullpen.errors import BullpenError, InvalidInput
 from bullpen.security.secrets import SecretBox
-from bullpen.store.runs import RunOutcome
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +107,9 @@ TIMEOUT_DEFAULT_S = 600.0
 TIMEOUT_MAX_S = 86_400.0
 
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
-LINE_MAX_BYTES = 8 * 1024
 OUTPUT_MAX_BYTES = 16 * 1024 * 1024
 RESULT_MAX_CHARS = 1024 * 1024
 KILL_GRACE_S = 5.0
-RESULT_CUT_MARK = "[… earlier output cut …]\n"
 _ERROR_LINE_MAX_CHARS = 500
 
 _NO_NUL = r"^[^\x00]*$"
@@ -383,16 +386,16 @@ class ProcessAdapter:
         with contextlib.ExitStack() as files:
             proc, out_r, err_r, in_w = await _spawn(ctx, config, cwd, secrets, files)
             group = _Group(proc, self._grace)
-            budget = _Budget(self._output_max, group.kill)
-            stdout, stderr = _Stdout(ctx.events, self._result_max), _Stderr(ctx.events)
-            readers: list[_Reader] = []
+            budget = OutputBudget(self._output_max, group.kill)
+            stdout, stderr = StdoutSink(ctx.events, self._result_max), StderrSink(ctx.events)
+            readers: list[PipeReader] = []
             transports: list[asyncio.BaseTransport] = []
             stdin: asyncio.WriteTransport | None = None
             try:
-                sink: _Sink
+                sink: OutputSink
                 for end, sink in ((out_r, stdout), (err_r, stderr)):
                     transport, reader = await loop.connect_read_pipe(
-                        functools.partial(_Reader, sink, budget, group.kill), end
+                        functools.partial(PipeReader, sink, budget, group.kill), end
                     )
                     transports.append(transport)
                     readers.append(reader)
@@ -489,7 +492,7 @@ class _Group:
             await proc.wait()
 
 
-def _outcome(code: int | None, stdout: _Stdout, stderr: _Stderr) -> RunOutcome:
+def _outcome(code: int | None, stdout: StdoutSink, stderr: StderrSink) -> RunOutcome:
     if code == 0:
         return done(stdout.result())
     last = stderr.last_line
@@ -541,149 +544,3 @@ def _remove_tree(path: str) -> None:
         shutil.rmtree(path)
     except OSError as exc:
         log.warning("could not remove a process run's directory %s: %s", path, exc)
-
-
-class _Budget:
-    """The output bytes a run may still write; running out kills its process group."""
-
-    def __init__(self, limit: int, stop: Callable[[], None]) -> None:
-        self._left = limit
-        self._stop = stop
-        self.exceeded = False
-
-    def take(self, data: bytes) -> bytes:
-        """The part of `data` within the budget; stops the group when it runs out."""
-        if self.exceeded:
-            return b""
-        if len(data) > self._left:
-            self.exceeded = True
-            self._stop()
-            return data[: self._left]
-        self._left -= len(data)
-        return data
-
-
-class _Sink(Protocol):
-    """Turns one output pipe's bytes into events."""
-
-    def feed(self, data: bytes) -> None:
-        """Take the next bytes read."""
-
-    def end(self) -> None:
-        """The pipe is closed: flush what is held back."""
-
-
-class _Stdout:
-    """Stdout: `text` events as the bytes arrive, and the run's result (its tail)."""
-
-    def __init__(self, events: Events, result_max: int) -> None:
-        self._events = events
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._result_max = result_max
-        self._parts: list[str] = []
-        self._size = 0
-        self._cut = False
-
-    def feed(self, data: bytes) -> None:
-        """Emit the decoded text (a character split across reads waits for its rest)."""
-        self._add(self._decoder.decode(data))
-
-    def end(self) -> None:
-        """Emit what an incomplete last character leaves (a replacement character)."""
-        self._add(self._decoder.decode(b"", final=True))
-
-    def result(self) -> str:
-        """All of stdout, or its last `result_max` characters after a cut mark."""
-        text = "".join(self._parts)
-        if self._cut or len(text) > self._result_max:
-            return RESULT_CUT_MARK + text[-self._result_max :]
-        return text
-
-    def _add(self, text: str) -> None:
-        if not text:
-            return
-        text = text.replace("\x00", "\ufffd")
-        self._events.text(text)
-        self._parts.append(text)
-        self._size += len(text)
-        if self._size > 2 * self._result_max:  # compact now and then, not at every read
-            kept = "".join(self._parts)[-self._result_max :]
-            self._parts, self._size, self._cut = [kept], len(kept), True
-
-
-class _Stderr:
-    """Stderr: one `log` event per line, long lines cut; remembers the last non-empty line."""
-
-    def __init__(self, events: Events) -> None:
-        self._events = events
-        self._line = bytearray()
-        self._truncated = False
-        self.last_line: str | None = None
-
-    def feed(self, data: bytes) -> None:
-        """Emit each line the bytes complete; hold the unfinished one."""
-        *complete, rest = data.split(b"\n")
-        for part in complete:
-            self._hold(part)
-            self._emit()
-        self._hold(rest)
-
-    def end(self) -> None:
-        """Emit an unfinished last line."""
-        if self._line or self._truncated:
-            self._emit()
-
-    def _hold(self, part: bytes) -> None:
-        room = LINE_MAX_BYTES - len(self._line)
-        if len(part) > room:
-            part = part[:room]
-            self._truncated = True
-        self._line += part
-
-    def _emit(self) -> None:
-        line = self._line.decode("utf-8", errors="replace").removesuffix("\r")
-        line = line.replace("\x00", "\ufffd")
-        data: dict[str, Any] = {"stream": "stderr", "line": line}
-        if self._truncated:
-            data["truncated"] = True
-        self._events.emit(EventKind.LOG, data)
-        if line.strip():
-            self.last_line = line
-        self._line.clear()
-        self._truncated = False
-
-
-class _Reader(asyncio.Protocol):
-    """Hands what one of the command's output pipes carries to its sink, within the budget."""
-
-    def __init__(self, sink: _Sink, budget: _Budget, kill: Callable[[], None]) -> None:
-        self._sink = sink
-        self._budget = budget
-        self._kill = kill
-        self._attached = True
-        self.error: Exception | None = None
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def data_received(self, data: bytes) -> None:
-        """Pass the bytes on; a sink that fails ends the run (its error is raised after)."""
-        if not self._attached or self.error is not None:
-            return
-        try:
-            self._sink.feed(self._budget.take(data))
-        except Exception as exc:
-            self.error = exc
-            self._kill()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        """The pipe is closed: let the sink flush, and mark the reader done."""
-        if self._attached and self.error is None:
-            try:
-                self._sink.end()
-            except Exception as err:
-                self.error = err
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-    def detach(self) -> None:
-        """Pass nothing more to the sink."""
-        self._attached = False

@@ -18,11 +18,11 @@ import orjson
 import sqlalchemy as sa
 
 from bullpen.agents.base import Related
+from bullpen.domain.runs import ClaimedRun
 from bullpen.errors import Conflict
 from bullpen.store import runs as run_store
 from bullpen.store import workflow
 from bullpen.store.base import Store
-from bullpen.store.runs import ClaimedRun
 from bullpen.store.tables import agents
 
 TITLE_MAX = 200

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 from datetime import UTC, datetime
+from typing import Any
 from uuid import UUID
 
 from bullpen.errors import InvalidInput
@@ -21,7 +22,7 @@ def after(cursor: str | None) -> tuple[datetime, UUID] | None:
     return decode(cursor) if cursor else None
 
 
-def next_of(page: Page) -> str | None:
+def next_of(page: Page[Any]) -> str | None:
     """The cursor of the page after `page`; None when it is the last."""
     return encode(*page.next_after) if page.next_after else None
 

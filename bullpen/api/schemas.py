@@ -8,6 +8,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
+from bullpen.domain.records import CommentRecord, RunRecord, TaskLink, TaskRecord
 from bullpen.store.workflow import MAX_BLOCKERS
 
 PROMPT_MIN = 10
@@ -132,7 +133,7 @@ class CommentPublic(BaseModel):
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: Any) -> CommentPublic:
+    def from_row(cls, row: CommentRecord) -> CommentPublic:
         """Build from a `task_comments` row."""
         return cls(
             id=row.id,
@@ -186,7 +187,7 @@ class RunPublic(BaseModel):
     )
 
     @classmethod
-    def from_row(cls, row: Any) -> RunPublic:
+    def from_row(cls, row: RunRecord) -> RunPublic:
         """Build from a `runs` row."""
         return cls(
             id=row.id,
@@ -232,7 +233,7 @@ class TaskPublic(BaseModel):
     run: RunPublic | None
 
     @classmethod
-    def from_rows(cls, task: Any, run: Any | None) -> TaskPublic:
+    def from_rows(cls, task: TaskRecord, run: RunRecord | None) -> TaskPublic:
         """Build from a `tasks` row (joined with its workspace's key) and its run."""
         return cls(
             id=task.id,
@@ -264,7 +265,7 @@ class TaskRef(BaseModel):
     error: str | None
 
     @classmethod
-    def from_row(cls, row: Any) -> TaskRef:
+    def from_row(cls, row: TaskLink) -> TaskRef:
         """Build from a row of `store.workflow.children` or `blockers`."""
         return cls(
             id=row.id,

@@ -26,12 +26,13 @@ from uuid import UUID
 from bullpen.agents.base import Adapter, Related, RunContext, TaskBrief
 from bullpen.agents.team import Team
 from bullpen.domain.events import EventKind, RunEvent
+from bullpen.domain.runs import ClaimedRun, Held, Redelivery, RetryPolicy, RunOutcome
 from bullpen.domain.status import RunStatus
 from bullpen.errors import BullpenError
+from bullpen.store import claims as claim_store
 from bullpen.store import events as event_store
 from bullpen.store import runs as run_store
 from bullpen.store.base import Connection, Store
-from bullpen.store.runs import ClaimedRun, Held, Redelivery, RetryPolicy, RunOutcome
 from bullpen.streams.eventlog import EventLog, RunWriter
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,7 @@ class Worker:
             if free > 0:
                 try:
                     async with self._store.write() as conn:
-                        claimed = await run_store.claim(
+                        claimed = await claim_store.claim(
                             conn,
                             owner=self.owner,
                             limit=min(free, _CLAIM_BATCH),

@@ -20,7 +20,9 @@ from pydantic import BaseModel
 
 from bullpen.agents.configs import ConfigPolicy, public_config
 from bullpen.domain.access import Permission, need
+from bullpen.domain.agents import AgentStatus
 from bullpen.domain.principal import Principal
+from bullpen.domain.records import AgentRecord
 from bullpen.errors import AgentTerminated, Conflict, InvalidInput, NotFound
 from bullpen.store import agents as agent_store
 from bullpen.store import api_keys as key_store
@@ -28,8 +30,7 @@ from bullpen.store import audit
 from bullpen.store.base import Connection, Store
 
 ADAPTERS = frozenset({"llm", "http", "process"})
-SETTABLE_STATUSES = frozenset({"active", "paused"})
-TERMINATED = "terminated"
+SETTABLE_STATUSES = frozenset({AgentStatus.ACTIVE.value, AgentStatus.PAUSED.value})
 
 
 def _check(adapter: str | None = None, status: str | None = None) -> None:
@@ -47,13 +48,13 @@ class AgentService:
         self._clock = clock
         self._configs = configs
 
-    async def list(self, principal: Principal) -> Sequence[Any]:
+    async def list(self, principal: Principal) -> Sequence[AgentRecord]:
         """The workspace's agents by name."""
         need(principal, Permission.AGENTS_READ)
         async with self._store.read() as conn:
             return await agent_store.list_agents(conn, principal.workspace_id)
 
-    async def get(self, principal: Principal, agent_id: UUID) -> Any:
+    async def get(self, principal: Principal, agent_id: UUID) -> AgentRecord:
         """One agent; another workspace's is NotFound."""
         need(principal, Permission.AGENTS_READ)
         async with self._store.read() as conn:
@@ -68,10 +69,10 @@ class AgentService:
         adapter: str,
         config: BaseModel,
         max_concurrent_runs: int = 10,
-        status: str = "active",
+        status: str = AgentStatus.ACTIVE,
         description: str = "",
         reports_to: UUID | None = None,
-    ) -> Any:
+    ) -> AgentRecord:
         """Create an agent; a name already used in the workspace is Conflict."""
         need(principal, Permission.AGENTS_WRITE)
         _check(adapter, status)
@@ -114,7 +115,9 @@ class AgentService:
             )
             return await self._agent(conn, principal, agent_id)
 
-    async def update(self, principal: Principal, agent_id: UUID, changes: dict[str, Any]) -> Any:
+    async def update(
+        self, principal: Principal, agent_id: UUID, changes: dict[str, Any]
+    ) -> AgentRecord:
         """Change any of name, title, config, max_concurrent_runs, status (active or paused)."""
         need(principal, Permission.AGENTS_WRITE)
         if not changes.keys() <= agent_store.UPDATABLE:
@@ -131,7 +134,7 @@ class AgentService:
                     ),
                 }
             changed = {k: v for k, v in changes.items() if getattr(before, k) != v}
-            if "status" in changed and before.status == TERMINATED:
+            if "status" in changed and before.status == AgentStatus.TERMINATED:
                 raise AgentTerminated("a terminated agent cannot be reactivated or paused")
             if not changed:
                 return before
@@ -152,7 +155,7 @@ class AgentService:
             )
             return await self._agent(conn, principal, agent_id)
 
-    async def set_status(self, principal: Principal, agent_id: UUID, status: str) -> Any:
+    async def set_status(self, principal: Principal, agent_id: UUID, status: str) -> AgentRecord:
         """Pause (no new claims; running runs finish), resume, or terminate an agent.
 
         Setting the status it has is a no-op; a terminated agent stays terminated. Terminating
@@ -165,14 +168,15 @@ class AgentService:
             before = await self._agent(conn, principal, agent_id)
             if before.status == status:
                 return before
-            if before.status == TERMINATED:
+            if before.status == AgentStatus.TERMINATED:
                 raise AgentTerminated(f"agent {before.name!r} is terminated")
             await agent_store.update_agent(
                 conn, principal.workspace_id, agent_id, {"status": status}
             )
-            action = {"active": "agent.resume", "paused": "agent.pause"}.get(
-                status, "agent.terminate"
-            )
+            action = {
+                AgentStatus.ACTIVE.value: "agent.resume",
+                AgentStatus.PAUSED.value: "agent.pause",
+            }.get(status, "agent.terminate")
             await audit.record_by(
                 conn,
                 principal,
@@ -182,7 +186,7 @@ class AgentService:
                 now,
                 {"before": {"status": before.status}, "after": {"status": status}},
             )
-            if status == TERMINATED:
+            if status == AgentStatus.TERMINATED:
                 await self._revoke_keys(conn, principal, agent_id, now)
             return await self._agent(conn, principal, agent_id)
 
@@ -222,7 +226,7 @@ class AgentService:
         found = await agent_store.get_agent(conn, principal.workspace_id, manager)
         if found is None:
             raise NotFound("reports_to: no such agent in this workspace")
-        if found.status == TERMINATED:
+        if found.status == AgentStatus.TERMINATED:
             raise AgentTerminated(f"reports_to: agent {found.name!r} is terminated")
         if agent_id is not None and agent_id in await agent_store.managers(
             conn, principal.workspace_id, manager
@@ -260,7 +264,7 @@ class AgentService:
                 {"name": agent.name, "adapter": agent.adapter, "status": agent.status},
             )
 
-    async def _agent(self, conn: Connection, principal: Principal, agent_id: UUID) -> Any:
+    async def _agent(self, conn: Connection, principal: Principal, agent_id: UUID) -> AgentRecord:
         agent = await agent_store.get_agent(conn, principal.workspace_id, agent_id)
         if agent is None:
             raise NotFound("no such agent")

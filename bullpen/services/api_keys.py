@@ -20,6 +20,7 @@ from bullpen.domain.access import (
     need,
     parse_scopes,
 )
+from bullpen.domain.agents import AgentStatus
 from bullpen.domain.principal import Principal
 from bullpen.errors import Conflict, Forbidden, InvalidInput, NotFound
 from bullpen.store import agents as agent_store
@@ -116,7 +117,7 @@ class ApiKeyService:
                 agent = await agent_store.get_agent(conn, principal.workspace_id, agent_id)
                 if agent is None:
                     raise NotFound("no such agent in this workspace")
-                if agent.status == "terminated":
+                if agent.status == AgentStatus.TERMINATED:
                     raise Conflict(f"agent {agent.name!r} is terminated")
                 _check_grant(principal, requested, AGENT_PERMISSIONS)
                 if requested is not None and not requested <= AGENT_PERMISSIONS:

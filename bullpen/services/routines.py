@@ -37,6 +37,13 @@ from cronsim import CronSim, CronSimError
 
 from bullpen.domain.access import Permission, need
 from bullpen.domain.principal import Principal
+from bullpen.domain.records import (
+    AgentRecord,
+    RoutineFireRecord,
+    RoutineRecord,
+    RunRecord,
+    TaskRecord,
+)
 from bullpen.domain.status import TERMINAL_TASK, TaskStatus
 from bullpen.errors import BullpenError, Conflict, InvalidInput, NotFound, RateLimited
 from bullpen.services.tasks import title_from_prompt
@@ -162,7 +169,7 @@ async def _queue_task(
     now: datetime,
     creator_user_id: UUID | None,
     creator_key_id: UUID | None,
-) -> tuple[Any, Any]:
+) -> tuple[TaskRecord, RunRecord]:
     """Create the routine's task for a claimed slot and link the two."""
     task, run = await task_store.insert_task_with_run(
         conn,
@@ -216,7 +223,7 @@ class RoutineService:
         limit: int,
         after: tuple[datetime, UUID] | None,
         agent_id: UUID | None = None,
-    ) -> Page:
+    ) -> Page[RoutineRecord]:
         """A page of the workspace's routines, oldest first."""
         need(principal, Permission.TASKS_READ)
         async with self._store.read() as conn:
@@ -224,13 +231,13 @@ class RoutineService:
                 conn, principal.workspace_id, limit=limit, after=after, agent_id=agent_id
             )
 
-    async def get(self, principal: Principal, routine_id: UUID) -> Any:
+    async def get(self, principal: Principal, routine_id: UUID) -> RoutineRecord:
         """One routine; another workspace's is NotFound."""
         need(principal, Permission.TASKS_READ)
         async with self._store.read() as conn:
             return await self._routine(conn, principal, routine_id)
 
-    async def create(self, principal: Principal, values: dict[str, Any]) -> Any:
+    async def create(self, principal: Principal, values: dict[str, Any]) -> RoutineRecord:
         """Create a routine for an agent of the workspace; its first slot is the next one."""
         need(principal, Permission.AGENTS_WRITE)
         _check(values)
@@ -259,7 +266,9 @@ class RoutineService:
             )
             return await self._routine(conn, principal, routine_id)
 
-    async def update(self, principal: Principal, routine_id: UUID, changes: dict[str, Any]) -> Any:
+    async def update(
+        self, principal: Principal, routine_id: UUID, changes: dict[str, Any]
+    ) -> RoutineRecord:
         """Change any of a routine's settings; a new schedule or enabling it restarts its slots
         from now (slots passed while it was disabled are not caught up)."""
         need(principal, Permission.AGENTS_WRITE)
@@ -314,7 +323,7 @@ class RoutineService:
                 {"name": routine.name, "agent_id": str(routine.agent_id)},
             )
 
-    async def fire(self, principal: Principal, routine_id: UUID) -> Any:
+    async def fire(self, principal: Principal, routine_id: UUID) -> RoutineFireRecord:
         """Create the routine's task now, whatever its schedule, `enabled` and concurrency
         policy; returns the fire. A paused agent is Conflict, a full queue RateLimited."""
         need(principal, Permission.TASKS_WRITE)
@@ -366,20 +375,22 @@ class RoutineService:
         *,
         limit: int,
         after: tuple[datetime, UUID] | None,
-    ) -> Page:
+    ) -> Page[RoutineFireRecord]:
         """A page of the routine's fires, latest slot first."""
         need(principal, Permission.TASKS_READ)
         async with self._store.read() as conn:
             await self._routine(conn, principal, routine_id)
             return await routine_store.list_fires(conn, routine_id, limit=limit, after=after)
 
-    async def _routine(self, conn: Connection, principal: Principal, routine_id: UUID) -> Any:
+    async def _routine(
+        self, conn: Connection, principal: Principal, routine_id: UUID
+    ) -> RoutineRecord:
         routine = await routine_store.get_routine(conn, principal.workspace_id, routine_id)
         if routine is None:
             raise NotFound("no such routine")
         return routine
 
-    async def _agent(self, conn: Connection, principal: Principal, agent_id: UUID) -> Any:
+    async def _agent(self, conn: Connection, principal: Principal, agent_id: UUID) -> AgentRecord:
         agent = await agent_store.get_agent(conn, principal.workspace_id, agent_id)
         if agent is None:
             raise NotFound("no such agent in this workspace")

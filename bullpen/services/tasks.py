@@ -10,6 +10,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -17,6 +18,7 @@ from uuid import UUID
 from bullpen.domain.access import Permission, need
 from bullpen.domain.events import EventKind, RunEvent
 from bullpen.domain.principal import Principal
+from bullpen.domain.records import CommentRecord, RunRecord, TaskLink, TaskRecord, TaskWithRun
 from bullpen.domain.status import TERMINAL_TASK, RunStatus, TaskStatus, task_can_move
 from bullpen.errors import (
     AgentTerminated,
@@ -88,7 +90,7 @@ class TaskService:
         labels: list[str] | None = None,
         parent_id: UUID | None = None,
         blocked_by: list[UUID] | None = None,
-    ) -> tuple[Any, Any]:
+    ) -> TaskWithRun:
         """Create a task and enqueue its run in one transaction; returns the stored task.
 
         With `blocked_by`, the task waits (`blocked`, no run yet) until each of those tasks has
@@ -126,12 +128,12 @@ class TaskService:
                 "prompt": prompt,
                 "now": now,
             }
-            run: Any = None
+            run: RunRecord | None = None
             if blocked_by:
                 task = await task_store.insert_blocked_task(conn, **common, **fields)
                 await workflow.add_blockers(conn, principal.workspace_id, task.id, blocked_by, now)
                 if await workflow.wake(conn, task.id, now) is not None:  # all had ended
-                    task.status = TaskStatus.QUEUED.value
+                    task = replace(task, status=TaskStatus.QUEUED)
             else:
                 task, run = await task_store.insert_task_with_run(conn, **common, **fields)
             if parent_id is not None:
@@ -158,7 +160,7 @@ class TaskService:
 
     async def dependencies(
         self, principal: Principal, task_id: UUID
-    ) -> tuple[list[Any], list[Any]]:
+    ) -> tuple[list[TaskLink], list[TaskLink]]:
         """A task's children and blockers, with their assignees' names."""
         async with self._store.read() as conn:
             await self._task(conn, principal, task_id)
@@ -173,7 +175,7 @@ class TaskService:
                 await self.cancel(principal, task_id)
         return len(open_ids)
 
-    async def get(self, principal: Principal, task_id: UUID) -> tuple[Any, Any]:
+    async def get(self, principal: Principal, task_id: UUID) -> TaskWithRun:
         """The task and its latest run; another workspace's task is NotFound."""
         async with self._store.read() as conn:
             task = await self._task(conn, principal, task_id)
@@ -189,7 +191,7 @@ class TaskService:
         status: str | None = None,
         agent_id: UUID | None = None,
         label: str | None = None,
-    ) -> tuple[Page, dict[UUID, Any]]:
+    ) -> tuple[Page[TaskRecord], dict[UUID, RunRecord]]:
         """A page of tasks, newest first, with each one's latest run."""
         async with self._store.read() as conn:
             page = await task_store.list_tasks(
@@ -207,7 +209,7 @@ class TaskService:
 
     async def update(
         self, principal: Principal, task_id: UUID, changes: dict[str, Any]
-    ) -> tuple[Any, Any]:
+    ) -> TaskWithRun:
         """Change a task's title, priority or labels (only those keys)."""
         need(principal, Permission.TASKS_WRITE)
         allowed = {"title", "priority", "labels"}
@@ -236,7 +238,7 @@ class TaskService:
                 )
         return await self.get(principal, task_id)
 
-    async def cancel(self, principal: Principal, task_id: UUID) -> tuple[Any, Any]:
+    async def cancel(self, principal: Principal, task_id: UUID) -> TaskWithRun:
         """Cancel a task: a queued run ends at once, a running one is stopped by its worker.
 
         Then every subtask below it that has not ended, set-wise and shallowest first, in
@@ -325,13 +327,13 @@ class TaskService:
                 return
             await asyncio.sleep(0.05)
 
-    async def _cancel_one(self, principal: Principal, task_id: UUID) -> tuple[Any, Any]:
+    async def _cancel_one(self, principal: Principal, task_id: UUID) -> TaskWithRun:
         for _ in range(3):
             with contextlib.suppress(_RunMoved):
                 return await self._cancel_once(principal, task_id)
         raise Conflict("the task changed state meanwhile; fetch it and retry")
 
-    async def _cancel_once(self, principal: Principal, task_id: UUID) -> tuple[Any, Any]:
+    async def _cancel_once(self, principal: Principal, task_id: UUID) -> TaskWithRun:
         need(principal, Permission.TASKS_WRITE)
         task, run = await self.get(principal, task_id)
         if task.status == TaskStatus.CANCELLED.value:
@@ -377,7 +379,7 @@ class TaskService:
 
     async def _await_end(
         self, principal: Principal, task_id: UUID, run_id: UUID, wait_s: float = 3.0
-    ) -> tuple[Any, Any]:
+    ) -> TaskWithRun:
         """The task once `run_id` ended, or as it is after `wait_s`."""
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
@@ -387,7 +389,7 @@ class TaskService:
                 return task, run
             await asyncio.sleep(0.05)
 
-    async def retry(self, principal: Principal, task_id: UUID) -> tuple[Any, Any]:
+    async def retry(self, principal: Principal, task_id: UUID) -> tuple[TaskRecord, RunRecord]:
         """Queue a new run of a failed or cancelled task."""
         need(principal, Permission.TASKS_WRITE)
         now = self._clock()
@@ -409,9 +411,10 @@ class TaskService:
                 conn, principal, "task.retry", "task", task_id, now, {"run_id": str(run.id)}
             )
             self._store.after_commit(self._on_enqueued)
-        return await self.get(principal, task_id)
+        task, latest = await self.get(principal, task_id)
+        return task, latest or run  # the run just queued, as it is now
 
-    async def comment(self, principal: Principal, task_id: UUID, body: str) -> Any:
+    async def comment(self, principal: Principal, task_id: UUID, body: str) -> CommentRecord:
         """Add a comment to a task."""
         need(principal, Permission.TASKS_WRITE)
         now = self._clock()
@@ -438,13 +441,13 @@ class TaskService:
         *,
         limit: int,
         after: tuple[datetime, UUID] | None,
-    ) -> Page:
+    ) -> Page[CommentRecord]:
         """A page of a task's comments, oldest first."""
         async with self._store.read() as conn:
             await self._task(conn, principal, task_id)
             return await task_store.list_comments(conn, task_id, limit=limit, after=after)
 
-    async def runs(self, principal: Principal, task_id: UUID) -> Sequence[Any]:
+    async def runs(self, principal: Principal, task_id: UUID) -> Sequence[RunRecord]:
         """Every run of a task, oldest first."""
         async with self._store.read() as conn:
             await self._task(conn, principal, task_id)
@@ -479,7 +482,7 @@ class TaskService:
                 retry_after=self._backlog_retry_after_s,
             )
 
-    async def _task(self, conn: Connection, principal: Principal, task_id: UUID) -> Any:
+    async def _task(self, conn: Connection, principal: Principal, task_id: UUID) -> TaskRecord:
         task = await task_store.get_task(conn, principal.workspace_id, task_id)
         if task is None:
             raise NotFound("no such task")

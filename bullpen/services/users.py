@@ -88,7 +88,7 @@ class UserService:
 
     async def list(
         self, principal: Principal, *, limit: int, after: tuple[datetime, UUID] | None
-    ) -> Page:
+    ) -> Page[Any]:
         """A page of every user of the instance, oldest first."""
         need_instance_admin(principal)
         async with self._store.read() as conn:

@@ -197,7 +197,7 @@ class WorkspaceService:
 
     async def members(
         self, principal: Principal, *, limit: int, after: tuple[datetime, UUID] | None
-    ) -> Page:
+    ) -> Page[Any]:
         """A page of the workspace's members, oldest membership first."""
         need(principal, Permission.MEMBERS_READ)
         async with self._store.read() as conn:

@@ -14,6 +14,8 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy import exc
 
+from bullpen.domain.agents import AgentStatus
+from bullpen.domain.records import AgentRecord
 from bullpen.domain.status import TERMINAL_TASK
 from bullpen.errors import Conflict
 from bullpen.store.base import Connection
@@ -35,7 +37,7 @@ async def create_agent(
     adapter: str,
     config: dict[str, Any],
     now: datetime,
-    status: str = "active",
+    status: str = AgentStatus.ACTIVE.value,
     max_concurrent_runs: int = 10,
     description: str = "",
     reports_to: UUID | None = None,
@@ -64,10 +66,11 @@ async def create_agent(
     return agent_id
 
 
-async def get_agent(conn: Connection, workspace_id: UUID, agent_id: UUID) -> Any | None:
+async def get_agent(conn: Connection, workspace_id: UUID, agent_id: UUID) -> AgentRecord | None:
     """The agent with this id in this workspace, or None (another workspace's is None too)."""
     params = {"agent_id": agent_id, "workspace_id": workspace_id}
-    return (await conn.execute(_GET_AGENT, params)).first()
+    row = (await conn.execute(_GET_AGENT, params)).first()
+    return None if row is None else AgentRecord.of(row._mapping)
 
 
 _GET_AGENT = sa.select(agents).where(
@@ -75,12 +78,12 @@ _GET_AGENT = sa.select(agents).where(
 )
 
 
-async def list_agents(conn: Connection, workspace_id: UUID) -> list[Any]:
+async def list_agents(conn: Connection, workspace_id: UUID) -> list[AgentRecord]:
     """The workspace's agents by name."""
     result = await conn.execute(
         sa.select(agents).where(agents.c.workspace_id == workspace_id).order_by(agents.c.name)
     )
-    return list(result)
+    return [AgentRecord.of(row._mapping) for row in result]
 
 
 async def update_agent(

@@ -105,7 +105,7 @@ async def list_events(
     action: str | None = None,
     target_id: UUID | None = None,
     actor_id: UUID | None = None,
-) -> Page:
+) -> Page[Any]:
     """A page of the workspace's audit events (None: the instance's), newest first."""
     c = audit_events.c
     scope = c.workspace_id.is_(None) if workspace_id is None else c.workspace_id == workspace_id

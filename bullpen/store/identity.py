@@ -10,6 +10,7 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
+from bullpen.domain.agents import AgentStatus
 from bullpen.domain.principal import Role
 from bullpen.store.base import Connection
 from bullpen.store.tables import agents, api_keys, memberships, sessions, users, workspaces
@@ -154,7 +155,7 @@ _KEY_LOOKUP = (
         users.c.disabled_at.is_(None),
         # A terminated agent's keys are revoked with it; one that escaped (created in a race
         # with the termination) is refused all the same.
-        sa.or_(api_keys.c.agent_id.is_(None), agents.c.status != "terminated"),
+        sa.or_(api_keys.c.agent_id.is_(None), agents.c.status != AgentStatus.TERMINATED.value),
     )
 )
 

@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 import sqlalchemy as sa
 
 from bullpen.store.base import Connection
 
+T = TypeVar("T")
+R = TypeVar("R")
+
 
 @dataclass(frozen=True, slots=True)
-class Page:
+class Page(Generic[T]):
     """One page of rows, and the (created_at, id) the next page starts after (None: last)."""
 
-    rows: list[Any]
+    rows: list[T]
     next_after: tuple[datetime, UUID] | None
+
+    def map(self, build: Callable[[T], R]) -> Page[R]:
+        """The same page with each row built into something else (a typed record)."""
+        return Page([build(row) for row in self.rows], self.next_after)
 
 
 async def keyset(
@@ -29,7 +37,7 @@ async def keyset(
     limit: int,
     after: tuple[datetime, UUID] | None,
     newest_first: bool,
-) -> Page:
+) -> Page[Any]:
     """Run `query` for the page after `after`, ordered on (created_col, id_col).
 
     One row past `limit` is read to learn whether another page follows, so no count is needed.

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.dialects import postgresql, sqlite
 
+from bullpen.domain.records import RoutineFireRecord, RoutineRecord
 from bullpen.errors import Conflict
 from bullpen.store.base import Connection
 from bullpen.store.paging import Page, keyset
@@ -52,12 +53,15 @@ async def create_routine(conn: Connection, values: dict[str, Any], now: datetime
     return routine_id
 
 
-async def get_routine(conn: Connection, workspace_id: UUID, routine_id: UUID) -> Any | None:
+async def get_routine(
+    conn: Connection, workspace_id: UUID, routine_id: UUID
+) -> RoutineRecord | None:
     """The routine with this id in this workspace, or None (another workspace's is None too)."""
     query = sa.select(routines).where(
         routines.c.id == routine_id, routines.c.workspace_id == workspace_id
     )
-    return (await conn.execute(query)).first()
+    row = (await conn.execute(query)).first()
+    return None if row is None else RoutineRecord.of(row._mapping)
 
 
 async def list_routines(
@@ -67,15 +71,16 @@ async def list_routines(
     limit: int,
     after: tuple[datetime, UUID] | None,
     agent_id: UUID | None = None,
-) -> Page:
+) -> Page[RoutineRecord]:
     """A page of the workspace's routines, oldest first, keyset-paginated."""
     c = routines.c
     query = sa.select(routines).where(c.workspace_id == workspace_id)
     if agent_id is not None:
         query = query.where(c.agent_id == agent_id)
-    return await keyset(
+    page = await keyset(
         conn, query, c.created_at, c.id, limit=limit, after=after, newest_first=False
     )
+    return page.map(lambda row: RoutineRecord.of(row._mapping))
 
 
 async def count_routines(conn: Connection, workspace_id: UUID) -> int:
@@ -116,7 +121,7 @@ async def any_due(conn: Connection, now: datetime) -> bool:
     return (await conn.execute(query)).first() is not None
 
 
-async def claim_due(conn: Connection, now: datetime, passed: list[UUID]) -> Any | None:
+async def claim_due(conn: Connection, now: datetime, passed: list[UUID]) -> RoutineRecord | None:
     """The routine due longest ago (not in `passed`), locked for this transaction; or None."""
     query = (
         sa.select(routines)
@@ -128,7 +133,8 @@ async def claim_due(conn: Connection, now: datetime, passed: list[UUID]) -> Any 
         query = query.where(routines.c.id.not_in(passed))
     if conn.dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
-    return (await conn.execute(query)).first()
+    row = (await conn.execute(query)).first()
+    return None if row is None else RoutineRecord.of(row._mapping)
 
 
 async def advance(
@@ -190,23 +196,24 @@ async def set_fire_task(
     )
 
 
-async def get_fire(conn: Connection, routine_id: UUID, slot_at: datetime) -> Any:
+async def get_fire(conn: Connection, routine_id: UUID, slot_at: datetime) -> RoutineFireRecord:
     """One fire of a routine."""
     query = sa.select(routine_fires).where(
         routine_fires.c.routine_id == routine_id, routine_fires.c.slot_at == slot_at
     )
-    return (await conn.execute(query)).one()
+    return RoutineFireRecord.of((await conn.execute(query)).one()._mapping)
 
 
 async def list_fires(
     conn: Connection, routine_id: UUID, *, limit: int, after: tuple[datetime, UUID] | None
-) -> Page:
+) -> Page[RoutineFireRecord]:
     """A page of a routine's fires, latest slot first, keyset-paginated on (slot_at, routine)."""
     c = routine_fires.c
     query = sa.select(routine_fires).where(c.routine_id == routine_id)
-    return await keyset(
+    page = await keyset(
         conn, query, c.slot_at, c.routine_id, limit=limit, after=after, newest_first=True
     )
+    return page.map(lambda row: RoutineFireRecord.of(row._mapping))
 
 
 async def prune_fires(conn: Connection, routine_id: UUID, keep: int) -> None:

@@ -9,6 +9,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 
+from bullpen.domain.agents import AgentStatus
+
 metadata = sa.MetaData(
     naming_convention={
         "ix": "ix_%(column_0_label)s",
@@ -112,7 +114,7 @@ agents = sa.Table(
     sa.Column("title", sa.String(200), nullable=False, server_default=""),
     sa.Column("adapter", sa.String(16), nullable=False),
     sa.Column("config", JSONType, nullable=False),
-    sa.Column("status", sa.String(16), nullable=False, server_default="active"),
+    sa.Column("status", sa.String(16), nullable=False, server_default=AgentStatus.ACTIVE.value),
     sa.Column("max_concurrent_runs", sa.Integer, nullable=False, server_default="10"),
     _created(),
     # The org chart (migration 0006): whom the agent reports to (same workspace, no cycles;
@@ -120,7 +122,9 @@ agents = sa.Table(
     sa.Column("reports_to", sa.Uuid, sa.ForeignKey("agents.id", ondelete="SET NULL")),
     sa.Column("description", sa.Text, nullable=False, server_default=""),
     sa.UniqueConstraint("workspace_id", "name", name="uq_agents_workspace_name"),
-    sa.CheckConstraint("status IN ('active', 'paused', 'terminated')", name="status"),
+    sa.CheckConstraint(
+        "status IN ({})".format(", ".join(f"'{s.value}'" for s in AgentStatus)), name="status"
+    ),
     sa.Index("ix_agents_reports_to", "reports_to"),
 )
 

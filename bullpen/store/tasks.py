@@ -5,13 +5,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from types import SimpleNamespace
 from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
 from sqlalchemy import exc
 
+from bullpen.domain.records import CommentRecord, RunRecord, TaskRecord
 from bullpen.domain.status import RunStatus, TaskStatus, task_sources
 from bullpen.errors import Conflict
 from bullpen.store.base import Connection
@@ -122,7 +122,7 @@ async def insert_task_with_run(
     prompt: str,
     now: datetime,
     **fields: Any,
-) -> tuple[SimpleNamespace, SimpleNamespace]:
+) -> tuple[TaskRecord, RunRecord]:
     """Create a queued task and its queued run; returns both as stored (no read-back).
 
     `fields`: creator_user_id, creator_key_id, priority, labels, parent_id, origin_key (the
@@ -139,7 +139,7 @@ async def insert_task_with_run(
         number, task_key = await next_task_number(conn, workspace_id)
         await conn.execute(_INSERT_TASK, {**task, "number": number})
         await conn.execute(_INSERT_RUN, run)
-    return SimpleNamespace(**task, number=number, task_key=task_key), _stored_run(run)
+    return TaskRecord.of({**task, "number": number, "task_key": task_key}), _stored_run(run)
 
 
 async def insert_blocked_task(
@@ -151,12 +151,12 @@ async def insert_blocked_task(
     prompt: str,
     now: datetime,
     **fields: Any,
-) -> SimpleNamespace:
+) -> TaskRecord:
     """Create a `blocked` task, without a run: it is queued when its blockers have ended."""
     task = _new_task(workspace_id, agent_id, title, prompt, TaskStatus.BLOCKED, now, fields)
     number, task_key = await next_task_number(conn, workspace_id)
     await conn.execute(_INSERT_TASK, {**task, "number": number})
-    return SimpleNamespace(**task, number=number, task_key=task_key)
+    return TaskRecord.of({**task, "number": number, "task_key": task_key})
 
 
 async def insert_run(
@@ -167,7 +167,7 @@ async def insert_run(
     now: datetime,
     *,
     priority: int = 0,
-) -> SimpleNamespace:
+) -> RunRecord:
     """Enqueue a run of a task (claimed by `priority`, higher first); returns it as stored.
 
     A task holds at most one queued or running run (its checkout, `uq_runs_task_active`): a
@@ -197,8 +197,8 @@ def _queued_run(
     }
 
 
-def _stored_run(run: dict[str, Any]) -> SimpleNamespace:
-    return SimpleNamespace(**{**{c.name: None for c in runs.c}, **run})
+def _stored_run(run: dict[str, Any]) -> RunRecord:
+    return RunRecord.of({**{c.name: None for c in runs.c}, **run})
 
 
 async def update_task(
@@ -294,13 +294,12 @@ async def running_among(conn: Connection, run_ids: list[UUID]) -> int:
     return int((await conn.execute(query)).scalar_one())
 
 
-async def list_runs(conn: Connection, task_id: UUID) -> list[Any]:
+async def list_runs(conn: Connection, task_id: UUID) -> list[RunRecord]:
     """Every run of a task, oldest first."""
-    return list(
-        await conn.execute(
-            sa.select(runs).where(runs.c.task_id == task_id).order_by(runs.c.queued_at, runs.c.id)
-        )
+    rows = await conn.execute(
+        sa.select(runs).where(runs.c.task_id == task_id).order_by(runs.c.queued_at, runs.c.id)
     )
+    return [RunRecord.of(row._mapping) for row in rows]
 
 
 async def add_comment(
@@ -313,7 +312,7 @@ async def add_comment(
     body: str,
     now: datetime,
     origin_key: str | None = None,
-) -> SimpleNamespace:
+) -> CommentRecord:
     """Append a comment to a task; returns it as stored."""
     row = {
         "id": uuid.uuid4(),
@@ -326,29 +325,31 @@ async def add_comment(
         "origin_key": origin_key,
     }
     await conn.execute(task_comments.insert().values(**row))
-    return SimpleNamespace(**row)
+    return CommentRecord.of(row)
 
 
 async def list_comments(
     conn: Connection, task_id: UUID, *, limit: int, after: tuple[datetime, UUID] | None
-) -> Page:
+) -> Page[CommentRecord]:
     """A page of a task's comments, oldest first, keyset-paginated on (created_at, id)."""
     c = task_comments.c
     query = sa.select(task_comments).where(c.task_id == task_id)
-    return await keyset(
+    page = await keyset(
         conn, query, c.created_at, c.id, limit=limit, after=after, newest_first=False
     )
+    return page.map(lambda row: CommentRecord.of(row._mapping))
 
 
-async def get_task(conn: Connection, workspace_id: UUID, task_id: UUID) -> Any | None:
+async def get_task(conn: Connection, workspace_id: UUID, task_id: UUID) -> TaskRecord | None:
     """The task in this workspace, or None."""
-    return (
+    row = (
         await conn.execute(
             sa.select(*_TASK_COLUMNS)
             .select_from(tasks.join(workspaces, workspaces.c.id == tasks.c.workspace_id))
             .where(tasks.c.id == task_id, tasks.c.workspace_id == workspace_id)
         )
     ).first()
+    return None if row is None else TaskRecord.of(row._mapping)
 
 
 async def list_tasks(
@@ -361,7 +362,7 @@ async def list_tasks(
     agent_id: UUID | None = None,
     label: str | None = None,
     dialect: str = "sqlite",
-) -> Page:
+) -> Page[TaskRecord]:
     """A page of the workspace's tasks, newest first, keyset-paginated on (created_at, id)."""
     query = (
         sa.select(*_TASK_COLUMNS)
@@ -374,19 +375,21 @@ async def list_tasks(
         query = query.where(tasks.c.agent_id == agent_id)
     if label is not None:
         query = query.where(_has_label(label, dialect))
-    return await keyset(
+    page = await keyset(
         conn, query, tasks.c.created_at, tasks.c.id, limit=limit, after=after, newest_first=True
     )
+    return page.map(lambda row: TaskRecord.of(row._mapping))
 
 
-async def runs_for_tasks(conn: Connection, task_ids: list[UUID]) -> dict[UUID, Any]:
+async def runs_for_tasks(conn: Connection, task_ids: list[UUID]) -> dict[UUID, RunRecord]:
     """The latest run of each given task, in one query."""
     if not task_ids:
         return {}
     result = await conn.execute(
         sa.select(runs).where(runs.c.task_id.in_(task_ids)).order_by(runs.c.queued_at)
     )
-    return {row.task_id: row for row in result}
+    latest = {row.task_id: row for row in result}
+    return {task_id: RunRecord.of(row._mapping) for task_id, row in latest.items()}
 
 
 def _has_label(label: str, dialect: str) -> sa.ColumnElement[bool]:

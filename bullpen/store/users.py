@@ -61,7 +61,9 @@ async def find_by_email(conn: Connection, email: str) -> Any | None:
     return (await conn.execute(_PUBLIC.where(users.c.email == email.lower()))).first()
 
 
-async def list_users(conn: Connection, *, limit: int, after: tuple[datetime, UUID] | None) -> Page:
+async def list_users(
+    conn: Connection, *, limit: int, after: tuple[datetime, UUID] | None
+) -> Page[Any]:
     """A page of users, oldest first, keyset-paginated on (created_at, id)."""
     return await keyset(
         conn, _PUBLIC, users.c.created_at, users.c.id, limit=limit, after=after, newest_first=False

@@ -15,6 +15,7 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
+from bullpen.domain.records import TaskLink, TaskRecord
 from bullpen.domain.status import TERMINAL_TASK, RunStatus, TaskStatus
 from bullpen.errors import InvalidInput, NotFound
 from bullpen.store import tasks as task_store
@@ -264,6 +265,7 @@ def _related_columns() -> list[Any]:
         tasks.c.status,
         tasks.c.result,
         tasks.c.error,
+        tasks.c.blocks_parent,
     ]
 
 
@@ -273,41 +275,38 @@ def _related_from() -> Any:
     )
 
 
-async def children(conn: Connection, task_id: UUID) -> list[Any]:
+async def children(conn: Connection, task_id: UUID) -> list[TaskLink]:
     """Every child of a task, oldest first, with its key and assignee's name."""
-    return list(
-        await conn.execute(
-            sa.select(*_related_columns(), tasks.c.blocks_parent)
-            .select_from(_related_from())
-            .where(tasks.c.parent_id == task_id)
-            .order_by(tasks.c.number)
-        )
+    rows = await conn.execute(
+        sa.select(*_related_columns())
+        .select_from(_related_from())
+        .where(tasks.c.parent_id == task_id)
+        .order_by(tasks.c.number)
     )
+    return [TaskLink.of(row._mapping) for row in rows]
 
 
-async def blockers(conn: Connection, task_id: UUID) -> list[Any]:
+async def blockers(conn: Connection, task_id: UUID) -> list[TaskLink]:
     """Every blocker of a task, with its key and assignee's name."""
-    return list(
+    rows = await conn.execute(
+        sa.select(*_related_columns())
+        .select_from(_related_from().join(task_blockers, task_blockers.c.blocker_id == tasks.c.id))
+        .where(task_blockers.c.task_id == task_id)
+        .order_by(tasks.c.number)
+    )
+    return [TaskLink.of(row._mapping) for row in rows]
+
+
+async def child_by_origin(conn: Connection, parent_id: UUID, origin_key: str) -> TaskLink | None:
+    """The subtask a tool step already created, if it did."""
+    row = (
         await conn.execute(
             sa.select(*_related_columns())
-            .select_from(
-                _related_from().join(task_blockers, task_blockers.c.blocker_id == tasks.c.id)
-            )
-            .where(task_blockers.c.task_id == task_id)
-            .order_by(tasks.c.number)
-        )
-    )
-
-
-async def child_by_origin(conn: Connection, parent_id: UUID, origin_key: str) -> Any | None:
-    """The subtask a tool step already created, if it did."""
-    return (
-        await conn.execute(
-            sa.select(tasks.c.id, tasks.c.number, workspaces.c.task_key, tasks.c.status)
-            .select_from(tasks.join(workspaces, workspaces.c.id == tasks.c.workspace_id))
+            .select_from(_related_from())
             .where(tasks.c.parent_id == parent_id, tasks.c.origin_key == origin_key)
         )
     ).first()
+    return None if row is None else TaskLink.of(row._mapping)
 
 
 async def delegate(
@@ -322,7 +321,7 @@ async def delegate(
     origin_key: str,
     wait: bool,
     now: datetime,
-) -> tuple[Any, bool]:
+) -> tuple[TaskLink | TaskRecord, bool]:
     """Create the subtask of a tool step once; returns it and whether it was created now."""
     before = await child_by_origin(conn, parent_id, origin_key)
     if before is not None:

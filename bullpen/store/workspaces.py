@@ -113,7 +113,7 @@ async def memberships_of(conn: Connection, user_id: UUID) -> list[Any]:
 
 async def list_members(
     conn: Connection, workspace_id: UUID, *, limit: int, after: tuple[datetime, UUID] | None
-) -> Page:
+) -> Page[Any]:
     """A page of members, oldest first, keyset-paginated on (created_at, user_id)."""
     c = memberships.c
     query = _MEMBER.where(c.workspace_id == workspace_id)

@@ -36,11 +36,11 @@ from bullpen.agents.http import (
     stored_config,
 )
 from bullpen.domain.events import EventKind
+from bullpen.domain.runs import ClaimedRun
 from bullpen.domain.status import RunStatus
 from bullpen.errors import BullpenError, InvalidInput
 from bullpen.security.outbound import OutboundAllow, OutboundRefused
 from bullpen.security.secrets import SecretBox
-from bullpen.store.runs import ClaimedRun
 
 CANARY = "whsec-canary-7Qx2vLm9Rt4Kp8Zb"  # the signing secret; must never leak
 BOX = SecretBox(b"m" * 40)

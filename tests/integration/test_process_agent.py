@@ -20,7 +20,6 @@ from pydantic import ValidationError
 
 from bullpen.agents.base import RunContext, TaskBrief
 from bullpen.agents.process import (
-    RESULT_CUT_MARK,
     ProcessAdapter,
     ProcessAgentConfig,
     ProcessFailed,
@@ -38,12 +37,13 @@ from bullpen.agents.process_env import (
     public_config,
     secret_hint,
 )
+from bullpen.agents.process_output import RESULT_CUT_MARK
 from bullpen.domain.events import EventKind
+from bullpen.domain.runs import ClaimedRun, RunOutcome
 from bullpen.domain.status import RunStatus
 from bullpen.errors import BullpenError, InvalidInput
 from bullpen.security.secrets import SecretBox
 from bullpen.settings import Settings
-from bullpen.store.runs import ClaimedRun, RunOutcome
 
 SH, CAT, ENV = "/bin/sh", "/bin/cat", "/usr/bin/env"
 ALLOW = frozenset({SH, CAT, ENV})

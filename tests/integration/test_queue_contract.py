@@ -13,12 +13,13 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 
 from bullpen.domain.events import EventKind
+from bullpen.domain.runs import Held, RetryPolicy
 from bullpen.domain.status import RunStatus
 from bullpen.queue.worker import reap
+from bullpen.store import claims as claim_store
 from bullpen.store import events as event_store
 from bullpen.store import runs as run_store
 from bullpen.store.base import Store
-from bullpen.store.runs import Held, RetryPolicy
 from bullpen.store.tables import agents, runs, tasks
 from bullpen.streams.bus.memory import MemoryBus
 from bullpen.streams.eventlog import EventLog
@@ -32,7 +33,7 @@ async def _claim(
     store: Store, limit: int = 10, owner: str = "w", at: datetime = NOW
 ) -> list[run_store.ClaimedRun]:
     async with store.write() as conn:
-        return await run_store.claim(conn, owner=owner, limit=limit, now=at, lease=LEASE)
+        return await claim_store.claim(conn, owner=owner, limit=limit, now=at, lease=LEASE)
 
 
 async def _run(store: Store, run_id: uuid.UUID) -> sa.Row:  # type: ignore[type-arg]
@@ -299,7 +300,7 @@ async def test_a_claim_gives_each_workspace_no_more_than_its_room(store: Store) 
         await new_task(store, ws_a, agent_a, NOW + timedelta(seconds=i))
     await new_task(store, ws_b, agent_b, NOW + timedelta(seconds=9))
     async with store.write() as conn:
-        claimed = await run_store.claim(
+        claimed = await claim_store.claim(
             conn, owner="w", limit=10, now=NOW, lease=LEASE, room=lambda ws: 2
         )
     assert sorted(c.workspace_id == ws_b for c in claimed) == [False, False, True]

@@ -16,11 +16,12 @@ from bullpen.agents.base import RunContext, TaskBrief
 from bullpen.agents.llm import LlmAdapter
 from bullpen.agents.team import StepResult, Team
 from bullpen.domain.events import EventKind
+from bullpen.domain.runs import ClaimedRun, Held, RetryPolicy
 from bullpen.domain.status import RunStatus
 from bullpen.errors import Conflict
+from bullpen.store import claims as claim_store
 from bullpen.store import runs as run_store
 from bullpen.store import tasks as task_store
-from bullpen.store.runs import ClaimedRun, Held, RetryPolicy
 from bullpen.store.tables import runs, task_comments, task_steps
 from tests.conftest import RunningServer
 from tests.integration.client import problem_of
@@ -365,7 +366,7 @@ class _CrashAfterFirstStep(Team):
 
 async def _claim(server: RunningServer, after: timedelta = timedelta()) -> ClaimedRun:
     async with server.services.store.write() as conn:
-        claimed = await run_store.claim(
+        claimed = await claim_store.claim(
             conn,
             owner="test",
             limit=1,

@@ -34,7 +34,9 @@ from bullpen.api.deps import ServicesDep, require, require_json
 from bullpen.api.idempotency import Idempotent
 from bullpen.api.schemas import Strict, integral, optional
 from bullpen.domain.access import Permission
+from bullpen.domain.agents import AgentStatus
 from bullpen.domain.principal import Principal
+from bullpen.domain.records import AgentRecord
 from bullpen.services.agents import AgentService
 
 SYSTEM_PROMPT_MAX = 20_000
@@ -76,8 +78,8 @@ class Adapter(StrEnum):
 class SettableStatus(StrEnum):
     """The statuses a caller may set (`terminated` is not one)."""
 
-    ACTIVE = "active"
-    PAUSED = "paused"
+    ACTIVE = AgentStatus.ACTIVE.value
+    PAUSED = AgentStatus.PAUSED.value
 
 
 class LlmAgentConfig(Strict):
@@ -283,7 +285,7 @@ class AgentPublic(BaseModel):
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: Any, principal: Principal) -> AgentPublic:
+    def from_row(cls, row: AgentRecord, principal: Principal) -> AgentPublic:
         """Build from an `agents` row, as `principal` may see it."""
         return cls(
             id=row.id,
@@ -487,7 +489,7 @@ def _lifecycle(status: str, op: str, summary: str, doc: str) -> None:
         agent_id: AgentId, principal: Writer, agents: Agents, svc: ServicesDep
     ) -> AgentPublic:
         row = await agents.set_status(principal, agent_id, status)
-        if status == "terminated":
+        if status == AgentStatus.TERMINATED:
             await svc.tasks.cancel_open_of_agent(principal, agent_id)
         return AgentPublic.from_row(row, principal)
 
@@ -504,19 +506,19 @@ def _lifecycle(status: str, op: str, summary: str, doc: str) -> None:
 
 
 _lifecycle(
-    "paused",
+    AgentStatus.PAUSED,
     "pause",
     "Pause an agent",
     "It claims no new runs; runs already running finish. Pausing a paused agent is a no-op.",
 )
 _lifecycle(
-    "active",
+    AgentStatus.ACTIVE,
     "resume",
     "Resume a paused agent",
     "Its queued runs are claimed again. A terminated agent cannot be resumed (409).",
 )
 _lifecycle(
-    "terminated",
+    AgentStatus.TERMINATED,
     "terminate",
     "Terminate an agent",
     "For good: its tasks that have not ended are cancelled (running runs are stopped), its API "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Query, Response
@@ -17,6 +17,7 @@ from bullpen.api.routes.agents import AgentName
 from bullpen.api.schemas import Labels, Priority, Prompt, Strict, Title, optional
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
+from bullpen.domain.records import RoutineFireRecord, RoutineRecord
 from bullpen.services.routines import CATCH_UP_MAX, RoutineService
 
 # Five fields of cron's characters, one space apart; which of them can fire, and which zone
@@ -136,7 +137,7 @@ class RoutinePublic(BaseModel):
     updated_at: datetime
 
     @classmethod
-    def from_row(cls, row: Any) -> RoutinePublic:
+    def from_row(cls, row: RoutineRecord) -> RoutinePublic:
         """Build from a `routines` row."""
         return cls(
             id=row.id,
@@ -182,7 +183,7 @@ class RoutineFirePublic(BaseModel):
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: Any) -> RoutineFirePublic:
+    def from_row(cls, row: RoutineFireRecord) -> RoutineFirePublic:
         """Build from a `routine_fires` row."""
         return cls(
             routine_id=row.routine_id,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 from uuid import UUID
 
 from fastapi import APIRouter, Header
@@ -15,6 +15,7 @@ from bullpen.api.eventstream import EventStream
 from bullpen.api.schemas import RunPublic
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
+from bullpen.domain.records import RunRecord
 from bullpen.errors import NotFound
 from bullpen.store import runs as run_store
 from bullpen.streams.sse import run_stream
@@ -67,7 +68,7 @@ async def run_events(
     )
 
 
-async def _run(svc: ServicesDep, principal: Principal, run_id: UUID) -> Any:
+async def _run(svc: ServicesDep, principal: Principal, run_id: UUID) -> RunRecord:
     async with svc.store.read() as conn:
         row = await run_store.get_run(conn, principal.workspace_id, run_id)
     if row is None:
