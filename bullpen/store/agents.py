@@ -161,3 +161,20 @@ async def reports_of(conn: Connection, workspace_id: UUID, agent_id: UUID) -> li
         .order_by(agents.c.name)
     )
     return [row.name for row in rows]
+
+
+async def reports(conn: Connection, workspace_id: UUID, agent_id: UUID) -> list[Any]:
+    """The agents of the workspace that report to `agent_id`, by name (id, name, title,
+    description, status)."""
+    rows = await conn.execute(
+        sa.select(
+            agents.c.id,
+            agents.c.name,
+            agents.c.title,
+            agents.c.description,
+            agents.c.status,
+        )
+        .where(agents.c.workspace_id == workspace_id, agents.c.reports_to == agent_id)
+        .order_by(agents.c.name)
+    )
+    return list(rows)
