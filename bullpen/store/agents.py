@@ -178,3 +178,11 @@ async def reports(conn: Connection, workspace_id: UUID, agent_id: UUID) -> list[
         .order_by(agents.c.name)
     )
     return list(rows)
+
+
+async def lock_org_chart(conn: Connection, workspace_id: UUID) -> None:
+    """Serialise org chart changes of one workspace until this transaction ends (PostgreSQL;
+    SQLite has one writer already)."""
+    if conn.dialect.name == "postgresql":
+        key = workspace_id.int & 0x7FFF_FFFF_FFFF_FFFF
+        await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
