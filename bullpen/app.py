@@ -30,13 +30,19 @@ from bullpen.security.outbound import OutboundAllow
 from bullpen.security.passwords import HashCost, PasswordPool
 from bullpen.security.ratelimit import CallerLimits, FailureWindow, Slots, TokenBuckets
 from bullpen.security.secrets import SecretBox, load_secret
+from bullpen.services.agents import AgentService
+from bullpen.services.api_keys import ApiKeyService
 from bullpen.services.auth import AuthService
 from bullpen.services.bootstrap import SIMULATED_MODEL, SIMULATED_PROVIDER
-from bullpen.services.gateway import Directory
+from bullpen.services.enqueue import Admission
+from bullpen.services.gateway import Directory, GatewayConfig
 from bullpen.services.housekeeping import Housekeeper, Retention
+from bullpen.services.invitations import InvitationService
 from bullpen.services.ledger import UsageLedger
 from bullpen.services.routines import RoutineService, Scheduler
 from bullpen.services.tasks import TaskService
+from bullpen.services.users import UserService
+from bullpen.services.workspaces import WorkspaceService
 from bullpen.settings import Settings
 from bullpen.simulator.provider import SimConfig, SimulatedProvider
 from bullpen.store.base import Store
@@ -78,9 +84,16 @@ class Services:
     outbound: OutboundAllow
     worker: Worker | None
     auth: AuthService
+    admission: Admission
     tasks: TaskService
     agent_configs: ConfigPolicy
+    agents: AgentService
     routines: RoutineService
+    workspaces: WorkspaceService
+    users: UserService
+    api_keys: ApiKeyService
+    invitations: InvitationService
+    gateway_config: GatewayConfig
     limits: CallerLimits
     metrics: CollectorRegistry
     clock: Callable[[], datetime]
@@ -179,7 +192,13 @@ async def build(
         # Who hears of a run enqueued here (filled below): this process's worker, and the
         # other processes' through NOTIFY.
         wakeups: list[Callable[[], None]] = [feeds.nudge]
-        team = Team(store, clock, _all(wakeups), max_depth=settings.task_max_depth)
+        # One admission rule for every path that queues a task (API, routines, delegation).
+        admission = Admission(
+            max_backlog=settings.queue_max_backlog,
+            backlog_retry_after_s=settings.queue_backlog_retry_after_s,
+            max_depth=settings.task_max_depth,
+        )
+        team = Team(store, clock, _all(wakeups), admission=admission)
         process_allow = process.parse_allow(settings.process_allow)
         process_env_allow = process_env.EnvAllow.parse(settings.process_env_allow)
         if settings.worker_enabled:
@@ -234,7 +253,7 @@ async def build(
                     clock,
                     interval_s=settings.scheduler_interval_s,
                     on_enqueued=_all(wakeups),
-                    max_backlog=settings.queue_max_backlog,
+                    admission=admission,
                 )
             )
         readers["bullpen_sse_subscribers"] = ("Live SSE subscribers", lambda: bus.subscriber_count)
@@ -259,6 +278,21 @@ async def build(
                 lambda: store.pool_status()[0],
             )
             readers["bullpen_db_pool_size"] = ("DB pool capacity", lambda: store.pool_status()[1])
+        auth = AuthService(
+            store,
+            secret,
+            clock,
+            login_failures=FailureWindow(
+                limit=settings.login_max_failures, window_s=settings.login_window_s
+            ),
+            login_failures_per_client=FailureWindow(
+                limit=settings.login_max_failures_per_client, window_s=settings.login_window_s
+            ),
+            session_ttl=timedelta(seconds=settings.session_ttl_s),
+            passwords=passwords,
+            key_cache_s=settings.api_key_cache_s,
+        )
+        agent_configs = ConfigPolicy(box, outbound, process_allow, process_env_allow)
         yield Services(
             settings=settings,
             store=store,
@@ -279,38 +313,34 @@ async def build(
             provider_defaults=defaults,
             outbound=outbound,
             worker=worker,
-            auth=AuthService(
-                store,
-                secret,
-                clock,
-                login_failures=FailureWindow(
-                    limit=settings.login_max_failures, window_s=settings.login_window_s
-                ),
-                login_failures_per_client=FailureWindow(
-                    limit=settings.login_max_failures_per_client, window_s=settings.login_window_s
-                ),
-                session_ttl=timedelta(seconds=settings.session_ttl_s),
-                passwords=passwords,
-                key_cache_s=settings.api_key_cache_s,
-            ),
+            auth=auth,
+            admission=admission,
             tasks=TaskService(
                 store,
                 clock,
                 on_enqueued=_all(wakeups),
                 cancel_local=worker.cancel if worker else _not_held,
                 publish=bus.publish,
-                max_backlog=settings.queue_max_backlog,
-                backlog_retry_after_s=settings.queue_backlog_retry_after_s,
-                max_depth=settings.task_max_depth,
+                admission=admission,
             ),
-            agent_configs=ConfigPolicy(box, outbound, process_allow, process_env_allow),
-            routines=RoutineService(
+            agent_configs=agent_configs,
+            agents=AgentService(store, clock, agent_configs),
+            routines=RoutineService(store, clock, on_enqueued=_all(wakeups), admission=admission),
+            workspaces=WorkspaceService(store, clock),
+            users=UserService(
                 store,
                 clock,
-                on_enqueued=_all(wakeups),
-                max_backlog=settings.queue_max_backlog,
-                backlog_retry_after_s=settings.queue_backlog_retry_after_s,
+                verify_password=auth.verify_password,
+                hash_password=auth.hash_password,
             ),
+            api_keys=ApiKeyService(store, clock, secret),
+            invitations=InvitationService(
+                store,
+                clock,
+                ttl=timedelta(seconds=settings.invitation_ttl_s),
+                pending_max=settings.invitations_max,
+            ),
+            gateway_config=GatewayConfig(store, box, directory, clock, defaults, outbound),
             limits=CallerLimits(
                 TokenBuckets(
                     rate=settings.rate_limit_key_rps,

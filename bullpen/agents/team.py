@@ -15,15 +15,15 @@ from typing import Any
 from uuid import UUID
 
 import orjson
-import sqlalchemy as sa
 
 from bullpen.agents.base import Related
 from bullpen.domain.runs import ClaimedRun
 from bullpen.errors import Conflict
+from bullpen.services.enqueue import Admission, unavailable
+from bullpen.store import agents as agent_store
 from bullpen.store import runs as run_store
 from bullpen.store import workflow
 from bullpen.store.base import Store
-from bullpen.store.tables import agents
 
 TITLE_MAX = 200
 PROMPT_MAX = 100_000
@@ -97,28 +97,18 @@ class Team:
         clock: Callable[[], datetime],
         on_enqueued: Callable[[], None],
         *,
-        max_depth: int = 32,
+        admission: Admission | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._on_enqueued = on_enqueued
-        self._max_depth = max_depth
+        self._admission = admission or Admission()
 
     async def reports(self, workspace_id: UUID, agent_id: UUID) -> list[Report]:
         """The agents reporting to `agent_id`, by name."""
         async with self._store.read() as conn:
-            rows = await conn.execute(
-                sa.select(
-                    agents.c.id,
-                    agents.c.name,
-                    agents.c.title,
-                    agents.c.description,
-                    agents.c.status,
-                )
-                .where(agents.c.workspace_id == workspace_id, agents.c.reports_to == agent_id)
-                .order_by(agents.c.name)
-            )
-            return [Report(r.id, r.name, r.title, r.description, r.status) for r in rows]
+            rows = await agent_store.reports(conn, workspace_id, agent_id)
+        return [Report(r.id, r.name, r.title, r.description, r.status) for r in rows]
 
     async def history(self, task_id: UUID) -> list[list[dict[str, Any]]]:
         """The task's completed tool steps, oldest first."""
@@ -165,8 +155,9 @@ class Team:
                         if report is None:
                             names = ", ".join(sorted(by_name)) or "nobody"
                             raise _ToolError(f"'agent' must be one of your reports: {names}")
-                        if report.status != "active":
-                            raise _ToolError(f"{report.name} is {report.status}")
+                        status = unavailable(report)
+                        if status is not None:
+                            raise _ToolError(f"{report.name} is {status}")
                         prompt = _text(args, "prompt", PROMPT_MAX)
                         assert prompt is not None
                         title = (
@@ -176,13 +167,10 @@ class Team:
                         wait = args.get("wait", True)
                         if not isinstance(wait, bool):
                             raise _ToolError("'wait' must be true or false")
-                        if (
-                            await workflow.depth_below_root(conn, run.task_id, self._max_depth)
-                            >= self._max_depth
-                        ):
+                        if await self._admission.too_deep(conn, run.task_id):
                             raise _ToolError(
-                                f"subtasks nest at most {self._max_depth} levels below their "
-                                "root task: do this one yourself"
+                                f"subtasks nest at most {self._admission.max_depth} levels "
+                                "below their root task: do this one yourself"
                             )
                         child, new = await workflow.delegate(
                             conn,

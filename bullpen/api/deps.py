@@ -17,6 +17,13 @@ from bullpen.app import Services
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
 from bullpen.errors import Forbidden, Unauthenticated, UnsupportedMediaType
+from bullpen.services.agents import AgentService
+from bullpen.services.api_keys import ApiKeyService
+from bullpen.services.gateway import GatewayConfig
+from bullpen.services.invitations import InvitationService
+from bullpen.services.routines import RoutineService
+from bullpen.services.users import UserService
+from bullpen.services.workspaces import WorkspaceService
 from bullpen.store import audit
 
 SESSION_COOKIE = "bullpen_session"
@@ -73,6 +80,45 @@ async def services(request: Request) -> Services:
 
 
 ServicesDep = Annotated[Services, Depends(services)]
+
+
+# The use-case services a route works through: built once by `app.build`, taken from the
+# process's services (never constructed per request).
+async def _agents(svc: ServicesDep) -> AgentService:
+    return svc.agents
+
+
+async def _api_keys(svc: ServicesDep) -> ApiKeyService:
+    return svc.api_keys
+
+
+async def _invitations(svc: ServicesDep) -> InvitationService:
+    return svc.invitations
+
+
+async def _workspaces(svc: ServicesDep) -> WorkspaceService:
+    return svc.workspaces
+
+
+async def _users(svc: ServicesDep) -> UserService:
+    return svc.users
+
+
+async def _routines(svc: ServicesDep) -> RoutineService:
+    return svc.routines
+
+
+async def _gateway_config(svc: ServicesDep) -> GatewayConfig:
+    return svc.gateway_config
+
+
+Agents = Annotated[AgentService, Depends(_agents)]
+ApiKeys = Annotated[ApiKeyService, Depends(_api_keys)]
+Invitations = Annotated[InvitationService, Depends(_invitations)]
+Workspaces = Annotated[WorkspaceService, Depends(_workspaces)]
+Users = Annotated[UserService, Depends(_users)]
+Routines = Annotated[RoutineService, Depends(_routines)]
+GatewayConfigs = Annotated[GatewayConfig, Depends(_gateway_config)]
 
 
 def check_same_site(request: Request) -> None:

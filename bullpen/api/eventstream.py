@@ -1,20 +1,22 @@
-"""The response for live event streams (SSE): ends cleanly when the client goes, and drops a
-client that takes nothing for `write_timeout_s` (it resumes with `Last-Event-ID`).
+"""The one SSE response: task, run and workspace event streams and the relay's streamed
+completions all go out through `EventStream`.
 
-Starlette's StreamingResponse notices a departed client too, but it would wait forever on one
-that stays connected and reads nothing. Here the reader's subscription and the frame
-generator are released on every path: the end of the stream, a disconnect, a stalled client,
-an error, or a response that never got to start.
+It ends cleanly when the client goes, and with `write_timeout_s` drops a client that takes
+nothing for that long (an event stream's reader resumes with `Last-Event-ID`). Starlette's
+StreamingResponse notices a departed client too, but it would wait forever on one that stays
+connected and reads nothing, and it costs a task group per response. Here a disconnect is
+noticed by one callback on `receive` (no task), and the frame generator and `on_close` are
+released on every path: the end of the stream, a disconnect, a stalled client, an error, or a
+response that never got to start.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -48,7 +50,12 @@ class _Stall:
 
 
 class EventStream(Response):
-    """`text/event-stream` from an async generator of ready SSE frames."""
+    """`text/event-stream` from an async generator of ready SSE frames, sent as they come.
+
+    `on_close` runs once however the request ends (even if this response never starts);
+    `write_timeout_s` drops a client whose socket takes nothing for that long; a frame ending
+    in `last` is the final one and leaves with the body's end (one write, not two).
+    """
 
     media_type = "text/event-stream"
 
@@ -56,60 +63,82 @@ class EventStream(Response):
         self,
         frames: AsyncGenerator[bytes, None],
         *,
-        on_close: Callable[[], None],
-        write_timeout_s: float,
+        headers: Mapping[str, str] = HEADERS,
+        on_close: Callable[[], None] | None = None,
+        write_timeout_s: float | None = None,
+        last: bytes | None = None,
     ) -> None:
         # Not Response.__init__: it would declare a Content-Length for an empty body.
         self.status_code = 200
         self.background = None
-        self.init_headers(HEADERS)
+        self.init_headers(headers)
         self._frames = frames
         self._on_close = on_close
         self._write_timeout_s = write_timeout_s
-        # However the request ends, even before this response is sent, release what it holds.
-        task = asyncio.current_task()
-        if task is not None:
-            task.add_done_callback(lambda _task: self._release())
-        self._released = False
+        self._last = last
+        self._released = on_close is None
+        if on_close is not None:
+            # However the request ends, even before this response is sent, release what it
+            # holds.
+            task = asyncio.current_task()
+            if task is not None:
+                task.add_done_callback(lambda _task: self._release())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
         assert task is not None
-        finished = False
+        sending = listening = True
         gone = False
+        waiter: asyncio.Future[Message]
 
-        async def watch() -> None:
-            nonlocal gone
-            while (await receive())["type"] != "http.disconnect":
-                pass
+        def heard(done: asyncio.Future[Message]) -> None:
+            nonlocal gone, waiter
+            if done.cancelled():
+                return
+            failed = done.exception() is not None  # retrieved, whether or not still listening
+            if not listening:
+                return
+            if not failed and done.result()["type"] != "http.disconnect":
+                waiter = asyncio.ensure_future(receive())  # not the end: listen on
+                waiter.add_done_callback(heard)
+                return
             gone = True
-            if not finished:
+            if sending:
                 task.cancel()
 
-        watcher = asyncio.create_task(watch())
-        stall = _Stall(self._write_timeout_s, task)
+        waiter = asyncio.ensure_future(receive())
+        waiter.add_done_callback(heard)
+        stall = None if self._write_timeout_s is None else _Stall(self._write_timeout_s, task)
         loop = asyncio.get_running_loop()
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            final = False
             async for frame in self._frames:
-                stall.since = loop.time()
-                await send({"type": "http.response.body", "body": frame, "more_body": True})
-                stall.since = None
-            finished = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                final = self._last is not None and frame.endswith(self._last)
+                if stall is not None:
+                    stall.since = loop.time()
+                await send({"type": "http.response.body", "body": frame, "more_body": not final})
+                if stall is not None:
+                    stall.since = None
+                if final:
+                    break
+            sending = False
+            if not final:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            if not (gone or stall.stalled) or task.uncancel() > 0:
+            stalled = stall is not None and stall.stalled
+            if not (gone or stalled) or task.uncancel() > 0:
                 raise
         finally:
-            finished = True
-            stall.stop()
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            sending = listening = False
+            if stall is not None:
+                stall.stop()
+            waiter.cancel()
             await self._frames.aclose()
             self._release()
 
     def _release(self) -> None:
         if not self._released:
             self._released = True
+            assert self._on_close is not None
             self._on_close()

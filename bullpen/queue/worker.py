@@ -33,7 +33,7 @@ from bullpen.store import claims as claim_store
 from bullpen.store import events as event_store
 from bullpen.store import runs as run_store
 from bullpen.store.base import Connection, Store
-from bullpen.streams.eventlog import EventLog, RunWriter
+from bullpen.streams.eventlog import Ending, EventLog, RunWriter, append_ends
 
 log = logging.getLogger(__name__)
 
@@ -420,16 +420,20 @@ async def _redeliver(
     conn: Connection, held: list[Held], *, reason: str, now: datetime, policy: RetryPolicy
 ) -> list[tuple[Redelivery, RunEvent | None]]:
     """Fail these deliveries; a run that ends here (dead-letter, cancel) gets its end event."""
-    out: list[tuple[Redelivery, RunEvent | None]] = []
-    for r in await run_store.fail_deliveries(conn, held, reason=reason, now=now, policy=policy):
-        event: RunEvent | None = None
-        if r.status is not RunStatus.QUEUED:
-            seq = await event_store.last_seq(conn, r.run_id) + 1
-            data = {"status": r.status.value, "error": r.error}
-            event = RunEvent(r.run_id, r.task_id, seq, EventKind.END, data)
-            await event_store.append(conn, [event], [r.workspace_id], now)
-        out.append((r, event))
-    return out
+    failed = await run_store.fail_deliveries(conn, held, reason=reason, now=now, policy=policy)
+    events = await append_ends(
+        conn,
+        [
+            Ending(
+                r.run_id, r.task_id, r.workspace_id, {"status": r.status.value, "error": r.error}
+            )
+            for r in failed
+            if r.status is not RunStatus.QUEUED
+        ],
+        now,
+    )
+    ended: dict[UUID, RunEvent] = {event.run_id: event for event in events}
+    return [(r, ended.get(r.run_id) if r.status is not RunStatus.QUEUED else None) for r in failed]
 
 
 def _ended(

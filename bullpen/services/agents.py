@@ -15,7 +15,6 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-import sqlalchemy as sa
 from pydantic import BaseModel
 
 from bullpen.agents.configs import ConfigPolicy, public_config
@@ -218,9 +217,7 @@ class AgentService:
         """`manager` may be `agent_id`'s manager: in the workspace, not itself, no cycle."""
         if manager is None:
             return
-        if conn.dialect.name == "postgresql":  # one org chart change per workspace at a time
-            key = principal.workspace_id.int & 0x7FFF_FFFF_FFFF_FFFF
-            await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
+        await agent_store.lock_org_chart(conn, principal.workspace_id)
         if manager == agent_id:
             raise Conflict("an agent cannot report to itself")
         found = await agent_store.get_agent(conn, principal.workspace_id, manager)

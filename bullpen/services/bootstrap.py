@@ -9,15 +9,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-import sqlalchemy as sa
-
 from bullpen.domain import tokens
 from bullpen.domain.principal import Role
 from bullpen.services.auth import hash_password
 from bullpen.store import agents as agent_store
 from bullpen.store import audit, identity
+from bullpen.store import workspaces as ws_store
 from bullpen.store.base import Connection, Store
-from bullpen.store.tables import agents, users, workspaces
 
 ADMIN_EMAIL = "admin@bullpen.local"
 DEMO_AGENT = "demo"
@@ -97,23 +95,5 @@ async def ensure_bootstrap(store: Store, secret: bytes, clock: Callable[[], date
 
 
 async def _existing(conn: Connection) -> Bootstrap:
-    ws = (
-        await conn.execute(sa.select(workspaces.c.id).order_by(workspaces.c.created_at).limit(1))
-    ).scalar_one()
-    agent_id = (
-        await conn.execute(
-            sa.select(agents.c.id)
-            .where(agents.c.workspace_id == ws)
-            .order_by(agents.c.created_at)
-            .limit(1)
-        )
-    ).scalar_one()
-    email = (
-        await conn.execute(
-            sa.select(users.c.email)
-            .where(users.c.is_instance_admin.is_(True))
-            .order_by(users.c.created_at)
-            .limit(1)
-        )
-    ).scalar_one()
+    ws, agent_id, email = await ws_store.first_setup(conn)
     return Bootstrap(False, email, None, None, ws, agent_id)

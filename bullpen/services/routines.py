@@ -45,12 +45,12 @@ from bullpen.domain.records import (
     TaskRecord,
 )
 from bullpen.domain.status import TERMINAL_TASK, TaskStatus
-from bullpen.errors import BullpenError, Conflict, InvalidInput, NotFound, RateLimited
+from bullpen.errors import BullpenError, Conflict, InvalidInput, NotFound
+from bullpen.services.enqueue import Admission, unavailable
 from bullpen.services.tasks import title_from_prompt
 from bullpen.store import agents as agent_store
 from bullpen.store import audit
 from bullpen.store import routines as routine_store
-from bullpen.store import runs as run_store
 from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection, Store
 from bullpen.store.paging import Page
@@ -207,14 +207,12 @@ class RoutineService:
         clock: Callable[[], datetime],
         *,
         on_enqueued: Callable[[], None],
-        max_backlog: int = 10_000,
-        backlog_retry_after_s: int = 5,
+        admission: Admission | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._on_enqueued = on_enqueued
-        self._max_backlog = max_backlog
-        self._backlog_retry_after_s = backlog_retry_after_s
+        self._admission = admission or Admission()
 
     async def list(
         self,
@@ -330,18 +328,10 @@ class RoutineService:
         now = self._clock()
         async with self._store.write() as conn:
             routine = await self._routine(conn, principal, routine_id)
-            agent = await self._agent(conn, principal, routine.agent_id)
-            if agent.status != "active":
-                raise Conflict(f"agent {agent.name!r} is {agent.status}")
-            waiting = await run_store.queued_backlog(
-                conn, principal.workspace_id, self._max_backlog
+            await self._admission.agent(
+                conn, principal.workspace_id, routine.agent_id, terminated=False
             )
-            if waiting >= self._max_backlog:
-                raise RateLimited(
-                    f"this workspace already has {self._max_backlog} runs waiting in the "
-                    "queue; retry when some have started",
-                    retry_after=self._backlog_retry_after_s,
-                )
+            await self._admission.check_backlog(conn, principal.workspace_id)
             if not await routine_store.claim_slot(
                 conn,
                 routine_id=routine.id,
@@ -415,18 +405,19 @@ def _plain(value: Any) -> Any:
 class _Gate:
     """Whether a routine's next slot may create a task: its agent, its last task, the queue."""
 
-    def __init__(self, conn: Connection, routine: Any, agent: Any, max_backlog: int) -> None:
+    def __init__(self, conn: Connection, routine: Any, agent: Any, admission: Admission) -> None:
         self._conn = conn
         self._routine = routine
         self._agent = agent
-        self._max_backlog = max_backlog
+        self._admission = admission
         self._last_task_id: UUID | None = routine.last_task_id
         self._waiting: int | None = None
 
     async def outcome(self) -> tuple[str, str | None]:
         """CREATED, or why the slot is skipped."""
-        if self._agent.status != "active":
-            return SKIPPED_AGENT, f"agent {self._agent.name!r} is {self._agent.status}"
+        status = unavailable(self._agent)
+        if status is not None:
+            return SKIPPED_AGENT, f"agent {self._agent.name!r} is {status}"
         if self._routine.concurrency == "skip" and self._last_task_id is not None:
             last = await task_store.get_task(
                 self._conn, self._routine.workspace_id, self._last_task_id
@@ -437,14 +428,9 @@ class _Gate:
                     f"the previous task {last.task_key}-{last.number} is still {last.status}",
                 )
         if self._waiting is None:
-            self._waiting = await run_store.queued_backlog(
-                self._conn, self._routine.workspace_id, self._max_backlog
-            )
-        if self._waiting >= self._max_backlog:
-            return (
-                SKIPPED_BACKLOG,
-                f"the workspace already has {self._max_backlog} runs waiting in the queue",
-            )
+            self._waiting = await self._admission.waiting(self._conn, self._routine.workspace_id)
+        if self._admission.full(self._waiting):
+            return SKIPPED_BACKLOG, self._admission.full_message(subject="the workspace")
         return CREATED, None
 
     def created(self, task_id: UUID) -> None:
@@ -463,13 +449,13 @@ class Scheduler:
         *,
         interval_s: float,
         on_enqueued: Callable[[], None],
-        max_backlog: int = 10_000,
+        admission: Admission | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._interval = interval_s
         self._on_enqueued = on_enqueued
-        self._max_backlog = max_backlog
+        self._admission = admission or Admission()
         # A slow pass must not turn every slot into a missed one.
         self._on_time = max(ON_TIME, timedelta(seconds=2 * interval_s))
         self._task: asyncio.Task[None] | None = None
@@ -533,7 +519,7 @@ class Scheduler:
                 now,
             )
         agent = await agent_store.get_agent(conn, routine.workspace_id, routine.agent_id)
-        gate = _Gate(conn, routine, agent, self._max_backlog)
+        gate = _Gate(conn, routine, agent, self._admission)
         created = 0
         for slot in fire:
             outcome, detail = await gate.outcome()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -16,25 +15,23 @@ from typing import Any
 from uuid import UUID
 
 from bullpen.domain.access import Permission, need
-from bullpen.domain.events import EventKind, RunEvent
+from bullpen.domain.events import RunEvent
 from bullpen.domain.principal import Principal
 from bullpen.domain.records import CommentRecord, RunRecord, TaskLink, TaskRecord, TaskWithRun
 from bullpen.domain.status import TERMINAL_TASK, RunStatus, TaskStatus, task_can_move
 from bullpen.errors import (
-    AgentTerminated,
     Conflict,
     Forbidden,
     NotFound,
-    RateLimited,
-    TaskTooDeep,
 )
+from bullpen.services.enqueue import Admission
 from bullpen.store import agents as agent_store
 from bullpen.store import audit, workflow
-from bullpen.store import events as event_store
 from bullpen.store import runs as run_store
 from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection, Store
 from bullpen.store.paging import Page
+from bullpen.streams.eventlog import Ending, append_ends
 
 TITLE_CHARS = 80
 # Subtasks cancelled per transaction: each batch is short, and a cancel cut short between two
@@ -49,11 +46,6 @@ def title_from_prompt(prompt: str) -> str:
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
 
 
-# Creates that may be in flight at once across every API process, unserialised: within this
-# many of the bound, the backlog check serialises a workspace's creates to stay exact.
-_EXACT_MARGIN = 1000
-
-
 class TaskService:
     """Creates, changes and reads tasks within the caller's workspace."""
 
@@ -65,19 +57,14 @@ class TaskService:
         on_enqueued: Callable[[], None],
         cancel_local: Callable[[UUID], Awaitable[bool]],
         publish: Callable[[list[RunEvent]], None],
-        max_backlog: int = 10_000,
-        backlog_retry_after_s: int = 5,
-        max_depth: int = 32,
+        admission: Admission | None = None,
     ) -> None:
         self._store = store
-        self._max_depth = max_depth
+        self._admission = admission or Admission()
         self._clock = clock
         self._on_enqueued = on_enqueued
         self._cancel_local = cancel_local
         self._publish = publish
-        self._max_backlog = max_backlog
-        self._backlog_retry_after_s = backlog_retry_after_s
-        self._backlog_seen: dict[UUID, tuple[float, int]] = {}  # workspace -> (when, count)
 
     async def create(
         self,
@@ -99,21 +86,15 @@ class TaskService:
         need(principal, Permission.TASKS_WRITE)
         now = self._clock()
         async with self._store.write() as conn:
-            agent = await agent_store.get_agent(conn, principal.workspace_id, agent_id)
-            if agent is None:
-                raise NotFound("no such agent in this workspace")
-            if agent.status == "terminated":
-                raise AgentTerminated(f"agent {agent.name!r} is terminated and takes no tasks")
-            if agent.status != "active":
-                raise Conflict(f"agent {agent.name!r} is {agent.status}")
+            await self._admission.agent(conn, principal.workspace_id, agent_id)
             if parent_id is not None:
                 parent = await task_store.get_task(conn, principal.workspace_id, parent_id)
                 if parent is None:
                     raise NotFound("parent_id: no such task in this workspace")
                 if parent.status in _ENDED:
                     raise Conflict(f"the parent task has ended ({parent.status})")
-                await check_depth(conn, parent_id, self._max_depth)
-            await self._check_backlog(conn, principal.workspace_id)
+                await self._admission.check_depth(conn, parent_id)
+            await self._admission.check_backlog(conn, principal.workspace_id)
             fields: dict[str, Any] = {
                 "creator_user_id": principal.user_id,
                 "creator_key_id": principal.api_key_id,
@@ -263,7 +244,14 @@ class TaskService:
                 if not batch:
                     return stopping
                 done = await task_store.cancel_many(conn, [row.id for row in batch], now)
-                ends = await self._end_events(conn, done.runs, principal.workspace_id, now)
+                ends = await append_ends(
+                    conn,
+                    [
+                        Ending(run, task, principal.workspace_id, {"status": "cancelled"})
+                        for run, task in done.runs
+                    ],
+                    now,
+                )
                 for changed in [*done.tasks, *(task for _, task in done.stopping)]:
                     await audit.record_by(
                         conn,
@@ -295,24 +283,6 @@ class TaskService:
             stopping += [run for run, _ in done.stopping]
             if not (done.tasks or done.stopping):
                 return stopping  # what is left cannot be cancelled: stop rather than spin
-
-    async def _end_events(
-        self,
-        conn: Connection,
-        ended: Sequence[tuple[UUID, UUID]],
-        workspace_id: UUID,
-        now: datetime,
-    ) -> Sequence[RunEvent]:
-        """Append the `end` event of each queued run that was cancelled."""
-        if not ended:
-            return []
-        last = await event_store.last_seqs(conn, [run for run, _ in ended])
-        events = [
-            RunEvent(run, task, last.get(run, 0) + 1, EventKind.END, {"status": "cancelled"})
-            for run, task in ended
-        ]
-        await event_store.append(conn, events, [workspace_id] * len(events), now)
-        return events
 
     async def _await_stopped(self, run_ids: Sequence[UUID], wait_s: float = 3.0) -> None:
         """Wait up to `wait_s` for the workers to stop these runs (each in its cancel poll)."""
@@ -357,11 +327,10 @@ class TaskService:
                 return await self._await_end(principal, task_id, run.id)
         now = self._clock()
         async with self._store.write() as conn:
-            ended: RunEvent | None = None
+            ended: list[RunEvent] = []
             if run is not None and await task_store.cancel_queued_run(conn, run.id, now):
-                seq = await event_store.last_seq(conn, run.id) + 1
-                ended = RunEvent(run.id, task_id, seq, EventKind.END, {"status": "cancelled"})
-                await event_store.append(conn, [ended], [principal.workspace_id], now)
+                ending = Ending(run.id, task_id, principal.workspace_id, {"status": "cancelled"})
+                ended = await append_ends(conn, [ending], now)
             elif run is not None and run.status == RunStatus.QUEUED.value:
                 # A worker claimed it since it was read: cancelling the task alone would leave
                 # the run going (and its end would overwrite the task's status). Look again.
@@ -373,8 +342,8 @@ class TaskService:
             if await workflow.ended_task(conn, task_id, now):
                 self._store.after_commit(self._on_enqueued)
             await audit.record_by(conn, principal, "task.cancel", "task", task_id, now)
-            if ended is not None:
-                self._store.after_commit(lambda: self._publish([ended]))
+            if ended:
+                self._store.after_commit(functools.partial(self._publish, ended))
         return await self.get(principal, task_id)
 
     async def _await_end(
@@ -397,10 +366,11 @@ class TaskService:
             task = await self._task(conn, principal, task_id)
             if task.status not in (TaskStatus.FAILED.value, TaskStatus.CANCELLED.value):
                 raise Conflict(f"only failed or cancelled tasks can be retried, not {task.status}")
-            agent = await agent_store.get_agent(conn, principal.workspace_id, task.agent_id)
-            if agent is None or agent.status != "active":
-                raise Conflict("the task's agent is not active")
-            await self._check_backlog(conn, principal.workspace_id)
+            try:
+                agent = await self._admission.agent(conn, principal.workspace_id, task.agent_id)
+            except (NotFound, Conflict):
+                raise Conflict("the task's agent is not active") from None
+            await self._admission.check_backlog(conn, principal.workspace_id)
             await task_store.set_task_status(
                 conn, task_id, TaskStatus.QUEUED, now, result=None, error=None
             )
@@ -453,35 +423,6 @@ class TaskService:
             await self._task(conn, principal, task_id)
             return await task_store.list_runs(conn, task_id)
 
-    async def _check_backlog(self, conn: Connection, workspace_id: UUID) -> None:
-        """Refuse to enqueue beyond the workspace's bounded backlog (429, nothing created).
-
-        A count costs up to `max_backlog` index entries, so a count far below the bound is
-        reused for a second (plus what this process enqueued since). Within `_EXACT_MARGIN`
-        of the bound every enqueue counts afresh under a per-workspace lock held to its
-        commit (PostgreSQL; SQLite has one writer), so concurrent creates, in this process or
-        others, cannot together pass the bound: its creates are serialised only while the
-        queue is nearly full.
-        """
-        exact_from = self._max_backlog - _EXACT_MARGIN
-        now = time.monotonic()
-        seen = self._backlog_seen.get(workspace_id)
-        reusable = min(self._max_backlog // 2, exact_from)
-        if seen is not None and now - seen[0] < 1.0 and seen[1] < reusable:
-            self._backlog_seen[workspace_id] = (seen[0], seen[1] + 1)  # this one joins it
-            return
-        waiting = await run_store.queued_backlog(conn, workspace_id, self._max_backlog)
-        if exact_from <= waiting < self._max_backlog:  # a full queue refuses without waiting
-            await run_store.lock_backlog(conn, workspace_id)
-            waiting = await run_store.queued_backlog(conn, workspace_id, self._max_backlog)
-        self._backlog_seen[workspace_id] = (now, waiting + 1)
-        if waiting >= self._max_backlog:
-            raise RateLimited(
-                f"this workspace already has {self._max_backlog} runs waiting in the queue; "
-                "retry when some have started",
-                retry_after=self._backlog_retry_after_s,
-            )
-
     async def _task(self, conn: Connection, principal: Principal, task_id: UUID) -> TaskRecord:
         task = await task_store.get_task(conn, principal.workspace_id, task_id)
         if task is None:
@@ -491,20 +432,3 @@ class TaskService:
 
 class _RunMoved(Exception):
     """The task's run changed state between reading and cancelling it."""
-
-
-async def check_depth(conn: Connection, parent_id: UUID, max_depth: int) -> None:
-    """Refuse a new subtask of `parent_id` that would nest deeper than `max_depth` (422)."""
-    if await workflow.depth_below_root(conn, parent_id, max_depth) + 1 > max_depth:
-        message = f"subtasks nest at most {max_depth} levels below their root task"
-        raise TaskTooDeep(
-            message,
-            errors=[
-                {
-                    "location": "body",
-                    "field": "parent_id",
-                    "message": message,
-                    "code": "too_deep",
-                }
-            ],
-        )

@@ -164,3 +164,28 @@ async def reports_of(conn: Connection, workspace_id: UUID, agent_id: UUID) -> li
         .order_by(agents.c.name)
     )
     return [row.name for row in rows]
+
+
+async def reports(conn: Connection, workspace_id: UUID, agent_id: UUID) -> list[Any]:
+    """The agents of the workspace that report to `agent_id`, by name (id, name, title,
+    description, status)."""
+    rows = await conn.execute(
+        sa.select(
+            agents.c.id,
+            agents.c.name,
+            agents.c.title,
+            agents.c.description,
+            agents.c.status,
+        )
+        .where(agents.c.workspace_id == workspace_id, agents.c.reports_to == agent_id)
+        .order_by(agents.c.name)
+    )
+    return list(rows)
+
+
+async def lock_org_chart(conn: Connection, workspace_id: UUID) -> None:
+    """Serialise org chart changes of one workspace until this transaction ends (PostgreSQL;
+    SQLite has one writer already)."""
+    if conn.dialect.name == "postgresql":
+        key = workspace_id.int & 0x7FFF_FFFF_FFFF_FFFF
+        await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))

@@ -217,3 +217,28 @@ async def delete_workspace(conn: Connection, workspace_id: UUID) -> dict[str, in
         counts[str(table.name)] = int(result.rowcount)
     await conn.execute(workspaces.delete().where(workspaces.c.id == workspace_id))
     return counts
+
+
+async def first_setup(conn: Connection) -> tuple[UUID, UUID, str]:
+    """What the first start set up: the oldest workspace, its oldest agent, and the oldest
+    instance admin's email."""
+    ws = (
+        await conn.execute(sa.select(workspaces.c.id).order_by(workspaces.c.created_at).limit(1))
+    ).scalar_one()
+    agent_id = (
+        await conn.execute(
+            sa.select(agents.c.id)
+            .where(agents.c.workspace_id == ws)
+            .order_by(agents.c.created_at)
+            .limit(1)
+        )
+    ).scalar_one()
+    email = (
+        await conn.execute(
+            sa.select(users.c.email)
+            .where(users.c.is_instance_admin.is_(True))
+            .order_by(users.c.created_at)
+            .limit(1)
+        )
+    ).scalar_one()
+    return ws, agent_id, email

@@ -1,11 +1,16 @@
-"""The event log: coalesces text deltas, assigns gap-free seq, group-commits, then publishes."""
+"""The event log: coalesces text deltas, assigns gap-free seq, group-commits, then publishes.
+
+Every `end` event is written here: a running run's by its writer's final (`commit_final`,
+committed with the run's final state), and the end of a run no writer holds (cancelled while
+queued, dead-lettered after a lost lease) by `append_ends`, in the transaction that ends it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -309,3 +314,28 @@ class EventLog:
         for writer, events in drained.items():
             writer.restore(events)
             self._dirty.add(writer)
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """The end of a run that no writer holds: which run, and what its `end` event says."""
+
+    run_id: UUID
+    task_id: UUID
+    workspace_id: UUID
+    data: dict[str, Any]
+
+
+async def append_ends(conn: Connection, ends: Sequence[Ending], now: datetime) -> list[RunEvent]:
+    """Append the `end` event of each run in `ends`, after its last stored event, in the
+    caller's transaction (with the state change that ends it); returns them, in order, for the
+    caller to publish once that transaction has committed."""
+    if not ends:
+        return []
+    last = await event_store.last_seqs(conn, [end.run_id for end in ends])
+    events = [
+        RunEvent(end.run_id, end.task_id, last.get(end.run_id, 0) + 1, EventKind.END, end.data)
+        for end in ends
+    ]
+    await event_store.append(conn, events, [end.workspace_id for end in ends], now)
+    return events

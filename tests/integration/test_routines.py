@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from bullpen.domain.access import ROLE_PERMISSIONS
 from bullpen.domain.principal import Principal, Role
 from bullpen.errors import InvalidInput
+from bullpen.services.enqueue import Admission
 from bullpen.services.routines import (
     CATCH_UP_MAX,
     SCAN_MAX,
@@ -142,7 +143,11 @@ async def new_routine(
 def scheduler(store: Store, clock: Clock, max_backlog: int = 10_000) -> Scheduler:
     """A scheduler whose passes the test runs (its loop is never entered)."""
     return Scheduler(
-        store, clock, interval_s=1.0, on_enqueued=lambda: None, max_backlog=max_backlog
+        store,
+        clock,
+        interval_s=1.0,
+        on_enqueued=lambda: None,
+        admission=Admission(max_backlog=max_backlog),
     )
 
 

@@ -30,14 +30,13 @@ from bullpen.agents.http import SECRET_CHARS, HttpAgentConfig
 from bullpen.agents.llm import LOOP_REPEATS, MAX_STEPS, MAX_WALL_S
 from bullpen.agents.process import ProcessAgentConfig
 from bullpen.api import docs
-from bullpen.api.deps import ServicesDep, require, require_json
+from bullpen.api.deps import Agents, ServicesDep, require, require_json
 from bullpen.api.idempotency import Idempotent
 from bullpen.api.schemas import Strict, integral, optional
 from bullpen.domain.access import Permission
 from bullpen.domain.agents import AgentStatus
 from bullpen.domain.principal import Principal
 from bullpen.domain.records import AgentRecord
-from bullpen.services.agents import AgentService
 
 SYSTEM_PROMPT_MAX = 20_000
 DESCRIPTION_MAX = 20_000
@@ -357,13 +356,6 @@ _AGENT_LINKS = {
     "GetAgent": docs.link("getAgent", agent_id="$response.body#/id"),
     "UpdateAgent": docs.link("updateAgent", agent_id="$response.body#/id"),
 }
-
-
-async def _service(svc: ServicesDep) -> AgentService:
-    return AgentService(svc.store, svc.clock, svc.agent_configs)
-
-
-Agents = Annotated[AgentService, Depends(_service)]
 
 
 @router.get(

@@ -19,12 +19,13 @@ from pydantic import (
 )
 
 from bullpen.api import docs
-from bullpen.api.deps import ServicesDep, require, require_json
+from bullpen.api.deps import ApiKeys as Keys
+from bullpen.api.deps import require, require_json
 from bullpen.api.idempotency import Idempotent
 from bullpen.api.schemas import Strict
 from bullpen.domain.access import ALL_SCOPES, Permission
 from bullpen.domain.principal import Principal
-from bullpen.services.api_keys import LIST_MAX, ApiKeyService
+from bullpen.services.api_keys import LIST_MAX
 
 # Printable, no control characters, no leading or trailing whitespace.
 _NAME = r"^[^\x00-\x20\x7f]([^\x00-\x1f\x7f]*[^\x00-\x20\x7f])?$"
@@ -155,13 +156,6 @@ _KEY_LINKS = {
     "GetApiKey": docs.link("getApiKey", key_id="$response.body#/id"),
     "RevokeApiKey": docs.link("revokeApiKey", key_id="$response.body#/id"),
 }
-
-
-async def _service(svc: ServicesDep) -> ApiKeyService:
-    return ApiKeyService(svc.store, svc.clock, svc.secret)
-
-
-Keys = Annotated[ApiKeyService, Depends(_service)]
 
 
 @router.get(

@@ -8,7 +8,7 @@ exists only once the invited user accepts, before the invitation expires.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -16,14 +16,13 @@ from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from bullpen.api import docs
-from bullpen.api.deps import ServicesDep, authenticated, require, require_json
+from bullpen.api.deps import Invitations, authenticated, require, require_json
 from bullpen.api.idempotency import Idempotent
 from bullpen.api.routes.users import Email
 from bullpen.api.routes.workspaces import WorkspaceMembership
 from bullpen.api.schemas import Strict
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal, Role
-from bullpen.services.invitations import InvitationService
 from bullpen.services.workspaces import Membership
 
 router = APIRouter(prefix="/api/v1", tags=["members"])
@@ -76,18 +75,6 @@ Writer = Annotated[Principal, require(Permission.MEMBERS_WRITE)]
 Me = Annotated[Principal, authenticated]
 
 LINKS = {"RevokeInvitation": docs.link("revokeInvitation", invitation_id="$response.body#/id")}
-
-
-async def _service(svc: ServicesDep) -> InvitationService:
-    return InvitationService(
-        svc.store,
-        svc.clock,
-        ttl=timedelta(seconds=svc.settings.invitation_ttl_s),
-        pending_max=svc.settings.invitations_max,
-    )
-
-
-Invitations = Annotated[InvitationService, Depends(_service)]
 
 
 async def create(

@@ -15,14 +15,14 @@ from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from bullpen.api import cursor, docs
-from bullpen.api.deps import ServicesDep, require, require_json
+from bullpen.api.deps import Invitations, require, require_json
+from bullpen.api.deps import Workspaces as Members
 from bullpen.api.idempotency import Idempotent
-from bullpen.api.routes.invitations import LINKS, InvitationCreate, InvitationPublic, Invitations
+from bullpen.api.routes.invitations import LINKS, InvitationCreate, InvitationPublic
 from bullpen.api.routes.invitations import create as invite
 from bullpen.api.schemas import Strict
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal, Role
-from bullpen.services.workspaces import WorkspaceService
 
 router = APIRouter(prefix="/api/v1/members", tags=["members"])
 
@@ -71,13 +71,6 @@ Cursor = Annotated[
     str | None,
     Query(alias="cursor", max_length=200, description="`next_cursor` of the previous page"),
 ]
-
-
-async def _service(svc: ServicesDep) -> WorkspaceService:
-    return WorkspaceService(svc.store, svc.clock)
-
-
-Members = Annotated[WorkspaceService, Depends(_service)]
 
 
 @router.get(

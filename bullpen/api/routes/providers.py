@@ -18,12 +18,13 @@ from pydantic import (
 )
 
 from bullpen.api import docs
-from bullpen.api.deps import ServicesDep, require, require_json
+from bullpen.api.deps import GatewayConfigs as Config
+from bullpen.api.deps import require, require_json
 from bullpen.api.idempotency import Idempotent
 from bullpen.api.schemas import Strict, optional
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
-from bullpen.services.gateway import MAX_CHAIN, GatewayConfig
+from bullpen.services.gateway import MAX_CHAIN
 
 MODELS_MAX = 100
 PRICE_MAX = 100_000.0  # USD per million tokens
@@ -309,15 +310,6 @@ ProviderId = Annotated[UUID, docs.path_id("provider")]
 RouteId = Annotated[UUID, docs.path_id("model route")]
 Reader = Annotated[Principal, require(Permission.PROVIDERS_READ)]
 Writer = Annotated[Principal, require(Permission.PROVIDERS_WRITE)]
-
-
-async def _service(svc: ServicesDep) -> GatewayConfig:
-    return GatewayConfig(
-        svc.store, svc.secret_box, svc.directory, svc.clock, svc.provider_defaults, svc.outbound
-    )
-
-
-Config = Annotated[GatewayConfig, Depends(_service)]
 
 
 def _timeouts(given: TimeoutsIn) -> dict[str, float]:

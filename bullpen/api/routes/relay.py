@@ -16,7 +16,7 @@ This module is the HTTP side; the call itself, its answer and its metering are i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
@@ -33,7 +33,6 @@ from pydantic import (
     StrictBool,
     ValidationError,
 )
-from starlette.types import Message, Receive, Scope, Send
 
 from bullpen.api import docs
 from bullpen.api.deps import (
@@ -44,6 +43,7 @@ from bullpen.api.deps import (
     require_json,
     services_of,
 )
+from bullpen.api.eventstream import EventStream
 from bullpen.api.schemas import integral
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
@@ -233,6 +233,7 @@ async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDe
     return EventStream(
         sse_frames(settle, answer, opening, chunks, include_usage),
         headers={"Cache-Control": "no-cache", **_served_headers(call)},
+        last=_DONE,  # the frame ending in `[DONE]` is the last
     )
 
 
@@ -281,56 +282,6 @@ router.add_api_route(
     },
     summary="Create a chat completion (OpenAI-compatible)",
 )
-
-
-class EventStream(Response):
-    """A text/event-stream of already framed bytes, sent as they come.
-
-    Leaner than Starlette's StreamingResponse (no task group per response): a disconnect is
-    noticed by one waiter on `receive`, which cancels the sending task; the frames are then
-    closed, which closes the upstream request. The frame ending in `[DONE]` is the last.
-    """
-
-    media_type = "text/event-stream"
-
-    def __init__(self, frames: AsyncGenerator[bytes, None], headers: Mapping[str, str]) -> None:
-        self.status_code = 200
-        self.background = None
-        self._frames = frames
-        self.init_headers(headers)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        sending = True
-
-        def gone(waiter: asyncio.Future[Message]) -> None:
-            if sending and not waiter.cancelled():
-                task.cancel()
-
-        waiter = asyncio.ensure_future(receive())
-        waiter.add_done_callback(gone)
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            last = False
-            async for frame in self._frames:
-                # `[DONE]` leaves with the body's end: one write, one packet, not two.
-                last = frame.endswith(_DONE)
-                await send({"type": "http.response.body", "body": frame, "more_body": not last})
-                if last:
-                    break
-            sending = False
-            if not last:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if sending and waiter.done() and not waiter.cancelled():
-                task.uncancel()  # the client went away: nothing more to do for it
-                return
-            raise
-        finally:
-            sending = False
-            waiter.cancel()
-            await self._frames.aclose()
 
 
 def _served_headers(call: Call) -> dict[str, str]:

@@ -11,14 +11,14 @@ from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from bullpen.api import cursor, docs
-from bullpen.api.deps import ServicesDep, require, require_json
+from bullpen.api.deps import Routines, require, require_json
 from bullpen.api.idempotency import Idempotent
 from bullpen.api.routes.agents import AgentName
 from bullpen.api.schemas import Labels, Priority, Prompt, Strict, Title, optional
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
 from bullpen.domain.records import RoutineFireRecord, RoutineRecord
-from bullpen.services.routines import CATCH_UP_MAX, RoutineService
+from bullpen.services.routines import CATCH_UP_MAX
 
 # Five fields of cron's characters, one space apart; which of them can fire, and which zone
 # names exist, the service checks (422 naming the field).
@@ -221,13 +221,6 @@ _ROUTINE_LINKS = {
     "ListFires": docs.link("listRoutineFires", routine_id="$response.body#/id"),
     "FireRoutine": docs.link("fireRoutine", routine_id="$response.body#/id"),
 }
-
-
-async def _service(svc: ServicesDep) -> RoutineService:
-    return svc.routines
-
-
-Routines = Annotated[RoutineService, Depends(_service)]
 
 
 @router.get(

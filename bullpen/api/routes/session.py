@@ -13,7 +13,6 @@ from bullpen.api.deps import ServicesDep, authenticated, require_json, session_c
 from bullpen.api.routes.workspaces import WorkspaceMembership
 from bullpen.api.schemas import Strict
 from bullpen.domain.principal import Principal
-from bullpen.services.workspaces import WorkspaceService
 
 router = APIRouter(prefix="/api/v1/session", tags=["workspaces"])
 
@@ -48,7 +47,7 @@ async def switch_workspace(
     was created for: naming that one is a no-op, another of its user's workspaces is 409
     (create a key there with `POST /api/v1/api-keys` and `workspace_id`).
     """
-    entry = await WorkspaceService(svc.store, svc.clock).membership(principal, body.workspace_id)
+    entry = await svc.workspaces.membership(principal, body.workspace_id)
     session_id = request.cookies.get(session_cookie_name(request))
     if principal.via == "session" and session_id:
         await svc.auth.switch_workspace(session_id, entry.id)

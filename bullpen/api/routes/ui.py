@@ -27,8 +27,6 @@ from bullpen.domain import tokens
 from bullpen.domain.principal import NO_WORKSPACE
 from bullpen.errors import BullpenError, Forbidden, RateLimited, Unauthenticated, Unavailable
 from bullpen.services.auth import SessionPrincipal
-from bullpen.services.users import UserService
-from bullpen.services.workspaces import WorkspaceService
 from bullpen.store import agents as agent_store
 from bullpen.store import changes as change_log
 from bullpen.streams.changes import cursor_id
@@ -249,7 +247,7 @@ async def _dashboard(
         agents = await agent_store.list_agents(conn, who.principal.workspace_id)
         # Read before the list: the page's live list starts here, so no change falls between.
         live_from = await change_log.head(conn, who.principal.workspace_id)
-    workspaces = await WorkspaceService(svc.store, svc.clock).mine(who.principal)
+    workspaces = await svc.workspaces.mine(who.principal)
     rows: list[Any] = []
     if who.principal.workspace_id != NO_WORKSPACE:  # in none yet: nothing to list
         page, _runs = await svc.tasks.list(
@@ -313,7 +311,7 @@ async def switch_workspace(
     session_id, who = found
     try:
         target = UUID(workspace_id)
-        entry = await WorkspaceService(svc.store, svc.clock).membership(who.principal, target)
+        entry = await svc.workspaces.membership(who.principal, target)
     except (ValueError, BullpenError):
         return await _dashboard(request, svc, found, status=404, error="No such workspace.")
     await svc.auth.switch_workspace(session_id, entry.id)
@@ -389,14 +387,8 @@ async def change_password(
     if new_password != confirm:
         error = "The new password and its confirmation differ."
         return _account(request, svc, found, status=422, error=error)
-    users = UserService(
-        svc.store,
-        svc.clock,
-        verify_password=svc.auth.verify_password,
-        hash_password=svc.auth.hash_password,
-    )
     try:
-        await users.change_password(who.principal, current_password, new_password)
+        await svc.users.change_password(who.principal, current_password, new_password)
     except RateLimited as err:
         return _too_many(_account(request, svc, found, status=429, error=_wait_message(err)), err)
     except Forbidden as err:

@@ -10,11 +10,10 @@ from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints
 
 from bullpen.api import cursor, docs
-from bullpen.api.deps import ServicesDep, authenticated, instance_admin, require_json
+from bullpen.api.deps import Users, authenticated, instance_admin, require_json
 from bullpen.api.idempotency import Idempotent
 from bullpen.api.schemas import Strict, optional
 from bullpen.domain.principal import Principal, Role
-from bullpen.services.users import UserService
 
 router = APIRouter(prefix="/api/v1/users", tags=["users"])
 
@@ -161,18 +160,6 @@ _ME_LINKS = {
     "UpdateWorkspace": docs.link("updateWorkspace", workspace_id="$response.body#/workspace_id"),
     "GetMember": docs.link("getMember", user_id="$response.body#/id"),
 }
-
-
-async def _service(svc: ServicesDep) -> UserService:
-    return UserService(
-        svc.store,
-        svc.clock,
-        verify_password=svc.auth.verify_password,
-        hash_password=svc.auth.hash_password,
-    )
-
-
-Users = Annotated[UserService, Depends(_service)]
 
 
 @router.get(

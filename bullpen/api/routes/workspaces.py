@@ -13,13 +13,19 @@ from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from bullpen.api import docs
-from bullpen.api.deps import ServicesDep, authenticated, instance_admin, require, require_json
+from bullpen.api.deps import (
+    Workspaces,
+    authenticated,
+    instance_admin,
+    require,
+    require_json,
+)
 from bullpen.api.idempotency import Idempotent
 from bullpen.api.routes.users import Name
 from bullpen.api.schemas import Strict, optional
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal, Role
-from bullpen.services.workspaces import Membership, WorkspaceService
+from bullpen.services.workspaces import Membership
 
 router = APIRouter(prefix="/api/v1/workspaces", tags=["workspaces"])
 
@@ -103,13 +109,6 @@ _WORKSPACE_LINKS = {
     # The creator's key still acts in its own workspace: the new one shows in its list.
     "ListWorkspaces": docs.link("listWorkspaces"),
 }
-
-
-async def _service(svc: ServicesDep) -> WorkspaceService:
-    return WorkspaceService(svc.store, svc.clock)
-
-
-Workspaces = Annotated[WorkspaceService, Depends(_service)]
 
 
 @router.get(
