@@ -19,6 +19,7 @@ lint: deps
 	uv run ruff check bullpen tests
 	uv run ruff format --check bullpen tests
 	uv run mypy bullpen
+	uv run lint-imports --no-cache
 	uv run python scripts/secret_scan.py
 
 fmt: deps

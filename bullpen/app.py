@@ -16,7 +16,6 @@ from bullpen.agents.base import Adapter
 from bullpen.agents.configs import ConfigPolicy
 from bullpen.agents.http import HttpAdapter
 from bullpen.agents.llm import LlmAdapter
-from bullpen.agents.team import Team
 from bullpen.domain.runs import RetryPolicy
 from bullpen.gateway.breaker import BreakerPolicy, Breakers
 from bullpen.gateway.catalog import Price, Provider, Timeouts
@@ -41,6 +40,7 @@ from bullpen.services.invitations import InvitationService
 from bullpen.services.ledger import UsageLedger
 from bullpen.services.routines import RoutineService, Scheduler
 from bullpen.services.tasks import TaskService
+from bullpen.services.team import Team
 from bullpen.services.users import UserService
 from bullpen.services.workspaces import WorkspaceService
 from bullpen.settings import Settings

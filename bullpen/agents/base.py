@@ -120,3 +120,58 @@ def done(result: str | None) -> RunOutcome:
         input_tokens=None,
         output_tokens=None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """An agent that reports to the one running."""
+
+    id: UUID
+    name: str
+    title: str
+    description: str
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One call the model made in a step."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What a committed step did."""
+
+    results: list[str]  # one tool result per call, in order
+    messages: list[dict[str, Any]]  # the `tool` messages that carry them to the model
+    finished: str | None  # the `finish` result, if the step called it
+    waits: bool  # a `delegate` asked to wait for its subtask
+
+
+class TeamPort(Protocol):
+    """What an `llm` agent's tool loop asks of the store (`services.team.Team` implements it)."""
+
+    async def reports(self, workspace_id: UUID, agent_id: UUID) -> list[Report]:
+        """The agents reporting to `agent_id`, by name."""
+
+    async def history(self, task_id: UUID) -> list[list[dict[str, Any]]]:
+        """The task's completed tool steps, oldest first."""
+
+    async def related(self, task_id: UUID) -> tuple[list[Related], list[Related]]:
+        """The task's ended children (those it waits for) and ended blockers."""
+
+    async def commit_step(
+        self,
+        run: ClaimedRun,
+        *,
+        step: int,
+        messages: list[dict[str, Any]],
+        calls: list[ToolCall],
+        reports: list[Report],
+        cost_usd: float,
+    ) -> StepResult:
+        """Carry out a step's tool calls and record the step, in one fenced transaction."""

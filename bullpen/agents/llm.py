@@ -2,7 +2,7 @@
 
 Each step is one streaming chat completion. An answer without tool calls ends the run with its
 text as the result (a plain agent is one call). Tool calls are carried out and recorded as a
-step (see `bullpen.agents.team`), then the loop goes on: `finish` ends the run with its result;
+step (see `bullpen.services.team`), then the loop goes on: `finish` ends the run with its result;
 a `delegate` that waits ends the run with the task `blocked`, and the task's next run resumes
 from the stored steps with what its subtasks ended with. Ceilings on the steps, the wall time
 and the cost of a run, and a loop detector (the same call made `loop_repeats` times on the
@@ -19,8 +19,7 @@ from typing import Any
 
 import orjson
 
-from bullpen.agents.base import Events, Related, RunContext
-from bullpen.agents.team import Report, StepResult, Team, ToolCall
+from bullpen.agents.base import Events, Related, Report, RunContext, StepResult, TeamPort, ToolCall
 from bullpen.domain.events import EventKind
 from bullpen.domain.runs import RunOutcome
 from bullpen.domain.status import RunStatus
@@ -242,7 +241,7 @@ class _Usage:
 class LlmAdapter:
     """Runs `llm` agents: the tool loop, over the gateway."""
 
-    def __init__(self, gateway: Gateway, team: Team) -> None:
+    def __init__(self, gateway: Gateway, team: TeamPort) -> None:
         self._gateway = gateway
         self._team = team
 

@@ -23,8 +23,7 @@ from datetime import datetime, timedelta
 from enum import Enum
 from uuid import UUID
 
-from bullpen.agents.base import Adapter, Related, RunContext, TaskBrief
-from bullpen.agents.team import Team
+from bullpen.agents.base import Adapter, Related, RunContext, TaskBrief, TeamPort
 from bullpen.domain.events import EventKind, RunEvent
 from bullpen.domain.runs import ClaimedRun, Held, Redelivery, RetryPolicy, RunOutcome
 from bullpen.domain.status import RunStatus
@@ -72,7 +71,7 @@ class Worker:
         store: Store,
         eventlog: EventLog,
         adapters: Mapping[str, Adapter],
-        team: Team,
+        team: TeamPort,
         *,
         tuning: WorkerTuning,
         clock: Callable[[], datetime],

@@ -12,13 +12,13 @@ import aiohttp
 import pytest
 import sqlalchemy as sa
 
-from bullpen.agents.base import RunContext, TaskBrief
+from bullpen.agents.base import RunContext, StepResult, TaskBrief
 from bullpen.agents.llm import LlmAdapter
-from bullpen.agents.team import StepResult, Team
 from bullpen.domain.events import EventKind
 from bullpen.domain.runs import ClaimedRun, Held, RetryPolicy
 from bullpen.domain.status import RunStatus
 from bullpen.errors import Conflict
+from bullpen.services.team import Team
 from bullpen.store import claims as claim_store
 from bullpen.store import runs as run_store
 from bullpen.store import tasks as task_store

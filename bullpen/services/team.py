@@ -1,5 +1,7 @@
 """What an `llm` agent's tools do to the store: delegate, comment, finish; and its steps.
 
+`Team` is the `agents.base.TeamPort` the adapter is given (the adapter never sees the store).
+
 A tool step (the model's tool calls and their results) commits in one transaction with its
 effects, fenced by the run's attempt: a delivery that lost its lease writes nothing. Effects are
 keyed by (task, step, call), so a step delivered again after a crash finds the subtask or
@@ -9,15 +11,15 @@ comment it created before and never creates a second one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 import orjson
 
-from bullpen.agents.base import Related
+from bullpen.agents.base import Related, Report, StepResult, ToolCall
 from bullpen.domain.runs import ClaimedRun
+from bullpen.domain.status import TERMINAL_TASK
 from bullpen.errors import Conflict
 from bullpen.services.enqueue import Admission, unavailable
 from bullpen.store import agents as agent_store
@@ -29,36 +31,6 @@ TITLE_MAX = 200
 PROMPT_MAX = 100_000
 COMMENT_MAX = 20_000
 RESULT_MAX = 100_000
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    """An agent that reports to the one running."""
-
-    id: UUID
-    name: str
-    title: str
-    description: str
-    status: str
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    """One call the model made in a step."""
-
-    id: str
-    name: str
-    arguments: str  # JSON text, as the model wrote it
-
-
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    """What a committed step did."""
-
-    results: list[str]  # one tool result per call, in order
-    messages: list[dict[str, Any]]  # the `tool` messages that carry them to the model
-    finished: str | None  # the `finish` result, if the step called it
-    waits: bool  # a `delegate` asked to wait for its subtask
 
 
 def _args(call: ToolCall) -> dict[str, Any]:
@@ -120,7 +92,7 @@ class Team:
         async with self._store.read() as conn:
             kids = await workflow.children(conn, task_id)
             blocks = await workflow.blockers(conn, task_id)
-        ended = {"done", "failed", "cancelled"}
+        ended = TERMINAL_TASK
         return (
             [_related(row) for row in kids if row.blocks_parent and row.status in ended],
             [_related(row) for row in blocks if row.status in ended],
