@@ -10,9 +10,11 @@ rule is decided here, once.
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from typing import Protocol
 from uuid import UUID
 
+from bullpen.domain.agents import AgentStatus
+from bullpen.domain.records import AgentRecord
 from bullpen.errors import AgentTerminated, Conflict, NotFound, RateLimited, TaskTooDeep
 from bullpen.store import agents as agent_store
 from bullpen.store import runs as run_store
@@ -36,7 +38,7 @@ class Assignee(Protocol):
 
 def unavailable(agent: Assignee) -> str | None:
     """Why `agent` takes no new task (its status), or None when it is active."""
-    return None if agent.status == "active" else agent.status
+    return None if agent.status == AgentStatus.ACTIVE else str(agent.status)
 
 
 class Admission:
@@ -56,7 +58,7 @@ class Admission:
 
     async def agent(
         self, conn: Connection, workspace_id: UUID, agent_id: UUID, *, terminated: bool = True
-    ) -> Any:
+    ) -> AgentRecord:
         """The assignee if it takes tasks: NotFound, AgentTerminated or Conflict otherwise.
 
         With `terminated=False` a terminated agent is a plain Conflict, like a paused one (what
@@ -66,7 +68,7 @@ class Admission:
         if agent is None:
             raise NotFound("no such agent in this workspace")
         status = unavailable(agent)
-        if status == "terminated" and terminated:
+        if status == AgentStatus.TERMINATED and terminated:
             raise AgentTerminated(f"agent {agent.name!r} is terminated and takes no tasks")
         if status is not None:
             raise Conflict(f"agent {agent.name!r} is {status}")
