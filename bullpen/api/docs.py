@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import Path
 
-from bullpen.api.schemas import Problem
+from bullpen.api.schemas.common import Problem
 
 _DESCRIPTIONS = {
     400: "Malformed header or parameter (e.g. an invalid `Idempotency-Key`)",

@@ -9,8 +9,8 @@ is closed if still open, the usage is queued for the ledger against the caller (
 does not wait for that commit) and the slot is given back.
 
 A failure after content went out ends the frames with an `error` event and no `[DONE]`, which
-OpenAI clients raise. The HTTP side (schemas, authentication, response classes, headers) is
-in `bullpen.api.routes.relay`.
+OpenAI clients raise. The HTTP side (authentication, response classes, headers) is in
+`bullpen.api.routes.relay`, its request and response schemas in `bullpen.api.schemas.relay`.
 """
 
 from __future__ import annotations

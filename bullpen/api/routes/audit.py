@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 
 from bullpen.api import cursor, docs
 from bullpen.api.deps import ServicesDep, instance_admin, require
-from bullpen.api.schemas import AuditEventPublic, AuditPage
+from bullpen.api.schemas.audit import AuditEventPublic, AuditPage
 from bullpen.app import Services
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal

@@ -8,66 +8,25 @@ exists only once the invited user accepts, before the invitation expires.
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Response
-from pydantic import BaseModel, ConfigDict, Field
 
 from bullpen.api import docs
 from bullpen.api.deps import Invitations, authenticated, require, require_json
 from bullpen.api.idempotency import Idempotent
-from bullpen.api.routes.users import Email
-from bullpen.api.routes.workspaces import WorkspaceMembership
-from bullpen.api.schemas import Strict
+from bullpen.api.schemas.invitations import (
+    InvitationCreate,
+    InvitationList,
+    InvitationPublic,
+)
+from bullpen.api.schemas.workspaces import WorkspaceMembership
 from bullpen.domain.access import Permission
-from bullpen.domain.principal import Principal, Role
+from bullpen.domain.principal import Principal
 from bullpen.services.workspaces import Membership
 
 router = APIRouter(prefix="/api/v1", tags=["members"])
-
-
-class InvitationCreate(Strict):
-    """Invite an email to the workspace with a role."""
-
-    model_config = ConfigDict(
-        json_schema_extra={"examples": [{"email": "ada@example.com", "role": "member"}]}
-    )
-
-    email: Email = Field(description="Whoever signs in with this email (any case) may accept.")
-    role: Role = Field(description="Only an owner may invite as `owner`.")
-
-
-class InvitationPublic(BaseModel):
-    """A pending invitation to a workspace."""
-
-    id: UUID
-    workspace_id: UUID
-    workspace_name: str
-    email: str
-    role: Role
-    created_at: datetime
-    expires_at: datetime = Field(description="After this it can no longer be accepted.")
-
-    @classmethod
-    def from_row(cls, row: Any) -> InvitationPublic:
-        """Build from an `invitations` row joined with its workspace."""
-        return cls(
-            id=row.id,
-            workspace_id=row.workspace_id,
-            workspace_name=row.workspace_name,
-            email=row.email,
-            role=Role(row.role),
-            created_at=row.created_at,
-            expires_at=row.expires_at,
-        )
-
-
-class InvitationList(BaseModel):
-    """Pending invitations, newest first (at most 200)."""
-
-    items: list[InvitationPublic]
 
 
 InvitationId = Annotated[UUID, docs.path_id("invitation")]

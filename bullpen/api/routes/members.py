@@ -7,60 +7,27 @@ workspace always keeps at least one owner.
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Query, Response
-from pydantic import BaseModel, ConfigDict, Field
 
 from bullpen.api import cursor, docs
 from bullpen.api.deps import Invitations, require, require_json
 from bullpen.api.deps import Workspaces as Members
 from bullpen.api.idempotency import Idempotent
-from bullpen.api.routes.invitations import LINKS, InvitationCreate, InvitationPublic
+from bullpen.api.routes.invitations import LINKS
 from bullpen.api.routes.invitations import create as invite
-from bullpen.api.schemas import Strict
+from bullpen.api.schemas.invitations import InvitationCreate, InvitationPublic
+from bullpen.api.schemas.members import (
+    MemberPage,
+    MemberPublic,
+    MemberUpdate,
+)
 from bullpen.domain.access import Permission
-from bullpen.domain.principal import Principal, Role
+from bullpen.domain.principal import Principal
 
 router = APIRouter(prefix="/api/v1/members", tags=["members"])
-
-
-class MemberUpdate(Strict):
-    """Give a member another role."""
-
-    model_config = ConfigDict(json_schema_extra={"examples": [{"role": "admin"}]})
-
-    role: Role = Field(description="Only an owner may grant `owner` or change an owner's role.")
-
-
-class MemberPublic(BaseModel):
-    """A user's membership of the workspace."""
-
-    user_id: UUID
-    email: str
-    name: str
-    role: Role
-    created_at: datetime = Field(description="When the user joined the workspace.")
-
-    @classmethod
-    def from_row(cls, row: Any) -> MemberPublic:
-        """Build from a `memberships` row joined with its user."""
-        return cls(
-            user_id=row.user_id,
-            email=row.email,
-            name=row.name,
-            role=Role(row.role),
-            created_at=row.created_at,
-        )
-
-
-class MemberPage(BaseModel):
-    """A page of members, oldest first; pass `next_cursor` as `cursor` for the next."""
-
-    items: list[MemberPublic]
-    next_cursor: str | None
 
 
 Reader = Annotated[Principal, require(Permission.MEMBERS_READ)]

@@ -12,7 +12,7 @@ from pydantic.json_schema import SkipJsonSchema
 from bullpen.api import docs
 from bullpen.api.deps import ServicesDep, require
 from bullpen.api.eventstream import EventStream
-from bullpen.api.schemas import RunPublic
+from bullpen.api.schemas.tasks import RunPublic
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
 from bullpen.domain.records import RunRecord

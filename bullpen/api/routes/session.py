@@ -3,28 +3,18 @@
 from __future__ import annotations
 
 from typing import Annotated
-from uuid import UUID
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import ConfigDict, Field
 
 from bullpen.api import docs
 from bullpen.api.deps import ServicesDep, authenticated, require_json, session_cookie_name
-from bullpen.api.routes.workspaces import WorkspaceMembership
-from bullpen.api.schemas import Strict
+from bullpen.api.schemas.workspaces import (
+    WorkspaceMembership,
+    WorkspaceSwitch,
+)
 from bullpen.domain.principal import Principal
 
 router = APIRouter(prefix="/api/v1/session", tags=["workspaces"])
-
-
-class WorkspaceSwitch(Strict):
-    """The workspace to act in from now on."""
-
-    model_config = ConfigDict(
-        json_schema_extra={"examples": [{"workspace_id": "0b6a9f3e-9d53-4c5e-9f1e-3f4d3c2b1a00"}]}
-    )
-
-    workspace_id: UUID = Field(description="A workspace the calling user belongs to.")
 
 
 @router.post(

@@ -13,7 +13,7 @@ from bullpen.api import cursor, docs
 from bullpen.api.deps import ServicesDep, require, require_json
 from bullpen.api.eventstream import EventStream
 from bullpen.api.idempotency import Idempotent
-from bullpen.api.schemas import (
+from bullpen.api.schemas.tasks import (
     CommentCreate,
     CommentPage,
     CommentPublic,

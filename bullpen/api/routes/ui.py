@@ -21,7 +21,7 @@ from bullpen.api.deps import (
     check_same_site,
     session_cookie_name,
 )
-from bullpen.api.schemas import TaskCreate
+from bullpen.api.schemas.tasks import TaskCreate
 from bullpen.app import Services
 from bullpen.domain import tokens
 from bullpen.domain.principal import NO_WORKSPACE

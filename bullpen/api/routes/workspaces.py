@@ -5,12 +5,10 @@ A caller acts in one workspace at a time; reading, changing or deleting any othe
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Response
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from bullpen.api import docs
 from bullpen.api.deps import (
@@ -21,87 +19,17 @@ from bullpen.api.deps import (
     require_json,
 )
 from bullpen.api.idempotency import Idempotent
-from bullpen.api.routes.users import Name
-from bullpen.api.schemas import Strict, optional
+from bullpen.api.schemas.workspaces import (
+    WorkspaceCreate,
+    WorkspaceList,
+    WorkspaceMembership,
+    WorkspacePublic,
+    WorkspaceUpdate,
+)
 from bullpen.domain.access import Permission
-from bullpen.domain.principal import Principal, Role
-from bullpen.services.workspaces import Membership
+from bullpen.domain.principal import Principal
 
 router = APIRouter(prefix="/api/v1/workspaces", tags=["workspaces"])
-
-Slug = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{1,62}$", strict=True)]
-TaskKey = Annotated[str, StringConstraints(pattern=r"^[A-Z][A-Z0-9]{0,9}$", strict=True)]
-
-
-class WorkspaceCreate(Strict):
-    """A new workspace; its creator becomes its owner."""
-
-    model_config = ConfigDict(
-        json_schema_extra={"examples": [{"name": "Research", "slug": "research", "task_key": "RS"}]}
-    )
-
-    name: Name
-    slug: Slug = Field(description="Unique across the instance: 2–63 of `a-z`, `0-9`, `-`.")
-    task_key: TaskKey = Field(description="Prefix of task numbers (`RS-42`).")
-
-
-class WorkspaceUpdate(Strict):
-    """Rename the workspace."""
-
-    model_config = ConfigDict(json_schema_extra={"examples": [{"name": "Research (EU)"}]})
-
-    name: Name = optional()
-
-
-class WorkspacePublic(BaseModel):
-    """A workspace (tenant)."""
-
-    id: UUID
-    name: str
-    slug: str
-    task_key: str
-    created_at: datetime
-
-    @classmethod
-    def from_row(cls, row: Any) -> WorkspacePublic:
-        """Build from a `workspaces` row."""
-        return cls(
-            id=row.id,
-            name=row.name,
-            slug=row.slug,
-            task_key=row.task_key,
-            created_at=row.created_at,
-        )
-
-
-class WorkspaceMembership(BaseModel):
-    """A workspace the caller belongs to, with its role there."""
-
-    id: UUID
-    name: str
-    slug: str
-    task_key: str
-    role: Role
-    current: bool = Field(description="Whether the caller acts in this workspace now.")
-
-    @classmethod
-    def from_membership(cls, entry: Membership) -> WorkspaceMembership:
-        """Build from the service's membership entry."""
-        return cls(
-            id=entry.id,
-            name=entry.name,
-            slug=entry.slug,
-            task_key=entry.task_key,
-            role=entry.role,
-            current=entry.current,
-        )
-
-
-class WorkspaceList(BaseModel):
-    """The caller's workspaces, oldest membership first."""
-
-    items: list[WorkspaceMembership]
-
 
 WorkspaceId = Annotated[UUID, docs.path_id("workspace")]
 

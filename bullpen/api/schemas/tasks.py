@@ -1,4 +1,4 @@
-"""Wire schemas: what the API accepts and returns (the domain never sees these)."""
+"""Wire schemas of /api/v1/tasks and /api/v1/runs: tasks, comments, runs."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
+from bullpen.api.schemas.common import Strict, integral, optional
 from bullpen.domain.records import CommentRecord, RunRecord, TaskLink, TaskRecord
 from bullpen.store.workflow import MAX_BLOCKERS
 
@@ -35,35 +36,11 @@ Label = Annotated[
 ]
 
 
-def integral(value: Any) -> Any:
-    """JSON Schema counts 5.0 as an integer; strings and booleans stay refused."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
 # Constraints before the validator, so OpenAPI shows them as `minimum`/`maximum`.
 Priority = Annotated[
     int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX, strict=True), BeforeValidator(integral)
 ]
 Labels = Annotated[list[Label], Field(max_length=LABELS_MAX)]
-
-
-class Strict(BaseModel):
-    """Request bodies: unknown fields are refused (no mass assignment)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-def optional(description: str | None = None) -> Any:
-    """A PATCH field: may be left out, but `null` is refused (422) and not documented.
-
-    The field's type stays non-nullable; only the unvalidated default is None, so
-    `model_dump(exclude_unset=True)` holds exactly the fields sent.
-    """
-    return Field(default=None, description=description, json_schema_extra=_no_default)
-
-
-def _no_default(schema: dict[str, Any]) -> None:
-    schema.pop("default", None)
 
 
 class TaskCreate(BaseModel):
@@ -295,49 +272,4 @@ class TaskPage(BaseModel):
     """A page of tasks, newest first; pass `next_cursor` as `cursor` for the next."""
 
     items: list[TaskPublic]
-    next_cursor: str | None
-
-
-class Problem(BaseModel):
-    """RFC 9457 problem details."""
-
-    type: str
-    title: str
-    status: int
-    detail: str
-    instance: str | None = None
-    errors: list[dict[str, Any]] | None = None
-
-
-class AuditEventPublic(BaseModel):
-    """One audited change (or refused attempt)."""
-
-    id: UUID
-    actor_type: str
-    actor_id: UUID | None
-    action: str = Field(examples=["task.create"])
-    target_type: str
-    target_id: UUID | None
-    data: dict[str, Any]
-    created_at: datetime
-
-    @classmethod
-    def from_row(cls, row: Any) -> AuditEventPublic:
-        """Build from an `audit_events` row."""
-        return cls(
-            id=row.id,
-            actor_type=row.actor_type,
-            actor_id=row.actor_id,
-            action=row.action,
-            target_type=row.target_type,
-            target_id=row.target_id,
-            data=dict(row.data),
-            created_at=row.created_at,
-        )
-
-
-class AuditPage(BaseModel):
-    """A page of audit events, newest first."""
-
-    items: list[AuditEventPublic]
     next_cursor: str | None

@@ -1,0 +1,48 @@
+"""Wire schemas of /api/v1/members: a workspace's members and their roles."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bullpen.api.schemas.common import Strict
+from bullpen.domain.principal import Role
+
+
+class MemberUpdate(Strict):
+    """Give a member another role."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"role": "admin"}]})
+
+    role: Role = Field(description="Only an owner may grant `owner` or change an owner's role.")
+
+
+class MemberPublic(BaseModel):
+    """A user's membership of the workspace."""
+
+    user_id: UUID
+    email: str
+    name: str
+    role: Role
+    created_at: datetime = Field(description="When the user joined the workspace.")
+
+    @classmethod
+    def from_row(cls, row: Any) -> MemberPublic:
+        """Build from a `memberships` row joined with its user."""
+        return cls(
+            user_id=row.user_id,
+            email=row.email,
+            name=row.name,
+            role=Role(row.role),
+            created_at=row.created_at,
+        )
+
+
+class MemberPage(BaseModel):
+    """A page of members, oldest first; pass `next_cursor` as `cursor` for the next."""
+
+    items: list[MemberPublic]
+    next_cursor: str | None
