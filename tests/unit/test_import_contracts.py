@@ -62,6 +62,10 @@ def test_the_tree_keeps_every_contract(tree: Path) -> None:
         ("agents/__init__.py", "import bullpen.api.deps", "agents never import store or api"),
         ("security/__init__.py", "import bullpen.services.auth", "security is a leaf"),
         ("queue/__init__.py", "import bullpen.bench.report", "nothing but the CLI imports"),
+        ("api/schemas/__init__.py", "import bullpen.api.routes", "API schemas never import"),
+        ("simulator/__init__.py", "import bullpen.gateway.router", "the simulator is a provider"),
+        ("streams/__init__.py", "import bullpen.api.eventstream", "services never import the"),
+        ("cli/__init__.py", "import starlette.responses", "the CLI reaches FastAPI only"),
     ],
 )
 def test_a_planted_import_breaks_its_contract(
