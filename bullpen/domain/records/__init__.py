@@ -1,5 +1,8 @@
 """Typed records of the rows that cross layers: tasks, runs, agents, comments, routines.
 
+Accounts (users, workspaces, members, API keys, invitations), the gateway's providers and
+routes, audit events and idempotency outcomes have their own modules in this package.
+
 The store builds them once, at its edge, from the rows it reads or writes; services and the API
 read their attributes (the same names as the columns), never a driver's row. Statuses are the
 domain's `StrEnum`s, so they compare, print and serialise as the stored strings.
