@@ -14,6 +14,7 @@ from bullpen.domain.principal import Role
 from bullpen.domain.records import (
     AgentRecord,
     CommentRecord,
+    OpenDescendant,
     RoutineFireRecord,
     RoutineRecord,
     RunRecord,
@@ -77,6 +78,7 @@ def test_each_record_holds_every_column_of_its_table(
 
 def test_a_task_link_reads_task_columns_and_the_assignee() -> None:
     assert _names(TaskLink) <= {column.name for column in tasks.c} | {"task_key", "agent"}
+    assert _names(OpenDescendant) <= {column.name for column in tasks.c}
 
 
 def test_agent_statuses_are_the_stored_strings() -> None:

@@ -170,6 +170,19 @@ class TaskLink:
 
 
 @dataclass(frozen=True, slots=True)
+class OpenDescendant:
+    """A subtask still open below a task being cancelled, and how many tasks wait for it."""
+
+    id: UUID
+    dependents: int
+
+    @classmethod
+    def of(cls, values: Mapping[Any, Any]) -> Self:
+        """Build from a row's mapping."""
+        return cls(**_pick(cls, values))
+
+
+@dataclass(frozen=True, slots=True)
 class RoutineRecord:
     """A routine as stored: a cron schedule that creates a task for its agent."""
 
