@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
 from uuid import UUID
 
 from bullpen.domain import tokens
@@ -22,12 +21,13 @@ from bullpen.domain.access import (
 )
 from bullpen.domain.agents import AgentStatus
 from bullpen.domain.principal import Principal
+from bullpen.domain.records.accounts import ApiKeyRecord
 from bullpen.errors import Conflict, Forbidden, InvalidInput, NotFound
 from bullpen.store import agents as agent_store
 from bullpen.store import api_keys as key_store
 from bullpen.store import audit, identity
 from bullpen.store import workspaces as ws_store
-from bullpen.store.base import Store
+from bullpen.store.base import Connection, Store
 
 LIST_MAX = 200
 EXPIRY_MAX = timedelta(days=366)
@@ -51,7 +51,7 @@ class ApiKeyService:
         self._clock = clock
         self._secret = secret
 
-    async def list(self, principal: Principal) -> Sequence[Any]:
+    async def list(self, principal: Principal) -> Sequence[ApiKeyRecord]:
         """The caller's own keys (every key of the workspace with `keys:admin`), newest first."""
         need(principal, Permission.KEYS_READ)
         admin = principal.can(Permission.KEYS_ADMIN)
@@ -65,7 +65,7 @@ class ApiKeyService:
                 limit=LIST_MAX,
             )
 
-    async def get(self, principal: Principal, key_id: UUID) -> Any:
+    async def get(self, principal: Principal, key_id: UUID) -> ApiKeyRecord:
         """One key the caller may see; any other is NotFound."""
         need(principal, Permission.KEYS_READ)
         async with self._store.read() as conn:
@@ -80,7 +80,7 @@ class ApiKeyService:
         expires_at: datetime | None = None,
         agent_id: UUID | None = None,
         workspace_id: UUID | None = None,
-    ) -> tuple[Any, str]:
+    ) -> tuple[ApiKeyRecord, str]:
         """A new key for the caller (or, with `keys:admin`, for an agent); returns (row, key).
 
         A key acts in one workspace: the caller's current one, or `workspace_id`, another
@@ -171,6 +171,8 @@ class ApiKeyService:
                 },
             )
             row = await key_store.get_key(conn, target, key_id)
+        if row is None:  # inserted in this very transaction
+            raise NotFound("no such API key")
         return row, key
 
     async def revoke(self, principal: Principal, key_id: UUID) -> None:
@@ -196,7 +198,7 @@ class ApiKeyService:
                 },
             )
 
-    async def _visible(self, conn: Any, principal: Principal, key_id: UUID) -> Any:
+    async def _visible(self, conn: Connection, principal: Principal, key_id: UUID) -> ApiKeyRecord:
         row = await key_store.get_key(conn, principal.workspace_id, key_id)
         own = row is not None and principal.user_id is not None and row.user_id == principal.user_id
         if row is None or not (own or principal.can(Permission.KEYS_ADMIN)):

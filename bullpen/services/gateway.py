@@ -26,6 +26,7 @@ from uuid import UUID
 
 from bullpen.domain.access import Permission, need
 from bullpen.domain.principal import Principal
+from bullpen.domain.records.gateway import ProviderRecord, RouteRecord
 from bullpen.errors import Conflict, InvalidInput, NotFound
 from bullpen.gateway.catalog import Catalog, Price, Provider, Target, Timeouts
 from bullpen.security.outbound import OutboundAllow, OutboundRefused, check_url
@@ -114,20 +115,20 @@ class Directory:
             provider_rows = await gateway_store.list_providers(conn, workspace_id)
             route_rows = await gateway_store.list_routes(conn, workspace_id)
         found = dict(self._builtins)
-        for row in provider_rows:
-            found[row.name] = self._provider(row)
+        for provider in provider_rows:
+            found[provider.name] = self._provider(provider)
         routes: dict[str, tuple[Target, ...]] = {}
-        for row in route_rows:
+        for route in route_rows:
             chain = tuple(
                 Target(found[link["provider"]], link["model"])
-                for link in row.chain
+                for link in route.chain
                 if link["provider"] in found
             )
             if chain:
-                routes[row.name] = chain
+                routes[route.name] = chain
         return Catalog(providers=found, routes=routes)
 
-    def _provider(self, row: Any) -> Provider:
+    def _provider(self, row: ProviderRecord) -> Provider:
         api_key = None
         if row.api_key_ciphertext is not None:
             api_key = self._box.open(row.api_key_ciphertext, key_context(row.id))
@@ -174,13 +175,13 @@ class GatewayConfig:
 
     # ---- providers ------------------------------------------------------------------------
 
-    async def list_providers(self, principal: Principal) -> list[Any]:
+    async def list_providers(self, principal: Principal) -> list[ProviderRecord]:
         """The workspace's providers by name."""
         need(principal, Permission.PROVIDERS_READ)
         async with self._store.read() as conn:
             return await gateway_store.list_providers(conn, principal.workspace_id)
 
-    async def get_provider(self, principal: Principal, provider_id: UUID) -> Any:
+    async def get_provider(self, principal: Principal, provider_id: UUID) -> ProviderRecord:
         """One provider; another workspace's is NotFound."""
         need(principal, Permission.PROVIDERS_READ)
         async with self._store.read() as conn:
@@ -195,7 +196,7 @@ class GatewayConfig:
         api_key: str | None,
         models: list[dict[str, Any]],
         timeouts: dict[str, float],
-    ) -> Any:
+    ) -> ProviderRecord:
         """Add a provider; its key is sealed and only its hint kept in the clear."""
         need(principal, Permission.PROVIDERS_WRITE)
         self._check_name(name)
@@ -236,7 +237,7 @@ class GatewayConfig:
 
     async def update_provider(
         self, principal: Principal, provider_id: UUID, changes: dict[str, Any]
-    ) -> Any:
+    ) -> ProviderRecord:
         """Change fields; `api_key` replaces the key, or removes it when None."""
         need(principal, Permission.PROVIDERS_WRITE)
         if "name" in changes:
@@ -320,13 +321,13 @@ class GatewayConfig:
 
     # ---- routes ---------------------------------------------------------------------------
 
-    async def list_routes(self, principal: Principal) -> list[Any]:
+    async def list_routes(self, principal: Principal) -> list[RouteRecord]:
         """The workspace's model routes by name."""
         need(principal, Permission.PROVIDERS_READ)
         async with self._store.read() as conn:
             return await gateway_store.list_routes(conn, principal.workspace_id)
 
-    async def get_route(self, principal: Principal, route_id: UUID) -> Any:
+    async def get_route(self, principal: Principal, route_id: UUID) -> RouteRecord:
         """One route; another workspace's is NotFound."""
         need(principal, Permission.PROVIDERS_READ)
         async with self._store.read() as conn:
@@ -334,7 +335,7 @@ class GatewayConfig:
 
     async def create_route(
         self, principal: Principal, *, name: str, chain: list[dict[str, str]]
-    ) -> Any:
+    ) -> RouteRecord:
         """Add a route whose every link names a provider (and a model it offers)."""
         need(principal, Permission.PROVIDERS_WRITE)
         now = self._clock()
@@ -358,7 +359,7 @@ class GatewayConfig:
 
     async def update_route(
         self, principal: Principal, route_id: UUID, changes: dict[str, Any]
-    ) -> Any:
+    ) -> RouteRecord:
         """Rename a route or replace its chain."""
         need(principal, Permission.PROVIDERS_WRITE)
         now = self._clock()
@@ -458,7 +459,7 @@ class GatewayConfig:
 
     async def _provider(
         self, conn: Connection, principal: Principal, provider_id: UUID, *, for_update: bool = False
-    ) -> Any:
+    ) -> ProviderRecord:
         row = await gateway_store.get_provider(
             conn, principal.workspace_id, provider_id, for_update=for_update
         )
@@ -466,7 +467,7 @@ class GatewayConfig:
             raise NotFound("no such provider")
         return row
 
-    async def _route(self, conn: Connection, principal: Principal, route_id: UUID) -> Any:
+    async def _route(self, conn: Connection, principal: Principal, route_id: UUID) -> RouteRecord:
         row = await gateway_store.get_route(conn, principal.workspace_id, route_id)
         if row is None:
             raise NotFound("no such model route")

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
 from uuid import UUID
 
 from bullpen.domain.access import Permission, need
 from bullpen.domain.principal import Principal, Role
+from bullpen.domain.records.accounts import InvitationRecord, WorkspaceRecord
 from bullpen.errors import Conflict, Forbidden, NotFound
 from bullpen.store import audit, identity
 from bullpen.store import invitations as invite_store
@@ -42,7 +42,7 @@ class InvitationService:
         self._ttl = ttl
         self._pending_max = pending_max
 
-    async def invite(self, principal: Principal, *, email: str, role: Role) -> Any:
+    async def invite(self, principal: Principal, *, email: str, role: Role) -> InvitationRecord:
         """Invite an email (renewing a pending invitation); the same answer for any email."""
         need(principal, Permission.MEMBERS_WRITE)
         if role is Role.OWNER and principal.role is not Role.OWNER:
@@ -80,9 +80,12 @@ class InvitationService:
                 now,
                 {"email": email, "role": role.value},
             )
-            return await invite_store.get(conn, ws, invitation_id, now)
+            row = await invite_store.get(conn, ws, invitation_id, now)
+        if row is None:  # upserted in that very transaction
+            raise NotFound(NO_INVITATION)
+        return row
 
-    async def pending(self, principal: Principal) -> list[Any]:
+    async def pending(self, principal: Principal) -> list[InvitationRecord]:
         """The workspace's live invitations, newest first."""
         need(principal, Permission.MEMBERS_WRITE)
         async with self._store.read() as conn:
@@ -106,16 +109,18 @@ class InvitationService:
                 "invitation",
                 invitation_id,
                 now,
-                {"email": row.email, "role": row.role},
+                {"email": row.email, "role": row.role.value},
             )
 
-    async def mine(self, principal: Principal) -> list[Any]:
+    async def mine(self, principal: Principal) -> list[InvitationRecord]:
         """The live invitations addressed to the calling user's email."""
         email = await self._email_of(principal)
         async with self._store.read() as conn:
             return await invite_store.list_for_email(conn, email, self._clock(), LIST_MAX)
 
-    async def accept(self, principal: Principal, invitation_id: UUID) -> tuple[Any, Role]:
+    async def accept(
+        self, principal: Principal, invitation_id: UUID
+    ) -> tuple[WorkspaceRecord, Role]:
         """Join the inviting workspace with the invited role; returns (workspace, role)."""
         return await self._answer(principal, invitation_id, accept=True)
 
@@ -125,7 +130,7 @@ class InvitationService:
 
     async def _answer(
         self, principal: Principal, invitation_id: UUID, *, accept: bool
-    ) -> tuple[Any, Role]:
+    ) -> tuple[WorkspaceRecord, Role]:
         email = await self._email_of(principal)
         user_id = principal.user_id
         assert user_id is not None  # _email_of refuses agents
@@ -136,7 +141,7 @@ class InvitationService:
                 raise NotFound(NO_INVITATION)
             ws = row.workspace_id
             await ws_store.lock_workspace(conn, ws)
-            role = Role(row.role)
+            role = row.role
             await invite_store.delete(conn, invitation_id)
             if accept:
                 held = await ws_store.role_of(conn, ws, user_id)
@@ -159,6 +164,8 @@ class InvitationService:
                 data={"email": email, "role": role.value, "invitation_id": str(invitation_id)},
             )
             workspace = await ws_store.get_workspace(conn, ws)
+        if workspace is None:  # locked above, in this transaction
+            raise NotFound("no such workspace")
         return workspace, role
 
     async def _email_of(self, principal: Principal) -> str:
@@ -168,4 +175,4 @@ class InvitationService:
             user = await user_store.get_user(conn, principal.user_id)
         if user is None:
             raise NotFound(NO_INVITATION)
-        return str(user.email)
+        return user.email

@@ -13,6 +13,7 @@ from typing import Any
 from uuid import UUID
 
 from bullpen.domain.principal import Principal, Role
+from bullpen.domain.records.accounts import UserRecord
 from bullpen.errors import Conflict, Forbidden, NotFound
 from bullpen.services.auth import hash_password
 from bullpen.store import audit, identity
@@ -55,7 +56,7 @@ class UserService:
         """The hash a new password is stored as (on the password pool when given one)."""
         return await self._hash_password(password)
 
-    async def me(self, principal: Principal) -> tuple[Any, Role]:
+    async def me(self, principal: Principal) -> tuple[UserRecord, Role]:
         """The calling user and its role in the current workspace."""
         user_id = _user_of(principal)
         async with self._store.read() as conn:
@@ -88,13 +89,13 @@ class UserService:
 
     async def list(
         self, principal: Principal, *, limit: int, after: tuple[datetime, UUID] | None
-    ) -> Page[Any]:
+    ) -> Page[UserRecord]:
         """A page of every user of the instance, oldest first."""
         need_instance_admin(principal)
         async with self._store.read() as conn:
             return await user_store.list_users(conn, limit=limit, after=after)
 
-    async def get(self, principal: Principal, user_id: UUID) -> Any:
+    async def get(self, principal: Principal, user_id: UUID) -> UserRecord:
         """One user of the instance."""
         need_instance_admin(principal)
         async with self._store.read() as conn:
@@ -108,7 +109,7 @@ class UserService:
         name: str,
         password_hash: str,
         is_instance_admin: bool,
-    ) -> Any:
+    ) -> UserRecord:
         """Create a user (a member of no workspace yet); `password_hash` from new_password_hash."""
         need_instance_admin(principal)
         email = email.lower()
@@ -136,7 +137,9 @@ class UserService:
             )
             return await self._user(conn, user_id)
 
-    async def update(self, principal: Principal, user_id: UUID, changes: dict[str, Any]) -> Any:
+    async def update(
+        self, principal: Principal, user_id: UUID, changes: dict[str, Any]
+    ) -> UserRecord:
         """Rename, disable or enable, promote or demote a user; disabling ends its sessions."""
         need_instance_admin(principal)
         if not changes.keys() <= EDITABLE:
@@ -169,7 +172,7 @@ class UserService:
             await audit.record_instance(conn, principal, "user.update", "user", user_id, now, data)
             return await self._user(conn, user_id)
 
-    async def _user(self, conn: Connection, user_id: UUID) -> Any:
+    async def _user(self, conn: Connection, user_id: UUID) -> UserRecord:
         user = await user_store.get_user(conn, user_id)
         if user is None:
             raise NotFound("no such user")
@@ -182,7 +185,7 @@ def _user_of(principal: Principal) -> UUID:
     return principal.user_id
 
 
-def _editable(user: Any) -> dict[str, Any]:
+def _editable(user: UserRecord) -> dict[str, Any]:
     return {
         "name": user.name,
         "disabled": user.disabled_at is not None,

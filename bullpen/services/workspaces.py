@@ -15,6 +15,7 @@ from uuid import UUID
 
 from bullpen.domain.access import Permission, need
 from bullpen.domain.principal import Principal, Role
+from bullpen.domain.records.accounts import MemberRecord, MembershipRecord, WorkspaceRecord
 from bullpen.errors import Conflict, Forbidden, NotFound
 from bullpen.store import audit, identity
 from bullpen.store import workspaces as ws_store
@@ -46,23 +47,27 @@ class WorkspaceService:
         async with self._store.read() as conn:
             if principal.user_id is None:
                 row = await ws_store.get_workspace(conn, principal.workspace_id)
-                rows = [(row, principal.role.value)] if row is not None else []
+                rows: list[tuple[WorkspaceRecord | MembershipRecord, Role]] = (
+                    [(row, principal.role)] if row is not None else []
+                )
             else:
                 found = await ws_store.memberships_of(conn, principal.user_id)
-                rows = [(row, row.role) for row in found]
+                rows = [(entry, entry.role) for entry in found]
         return [
             Membership(
                 id=row.id,
                 name=row.name,
                 slug=row.slug,
                 task_key=row.task_key,
-                role=Role(role),
+                role=role,
                 current=row.id == principal.workspace_id,
             )
             for row, role in rows
         ]
 
-    async def create(self, principal: Principal, *, name: str, slug: str, task_key: str) -> Any:
+    async def create(
+        self, principal: Principal, *, name: str, slug: str, task_key: str
+    ) -> WorkspaceRecord:
         """Create a workspace whose owner is the calling instance admin."""
         if not principal.is_instance_admin or principal.user_id is None:
             raise Forbidden("only an instance admin may create workspaces")
@@ -102,7 +107,10 @@ class WorkspaceService:
                 now,
                 {"name": name, "slug": slug, "task_key": task_key},
             )
-            return await ws_store.get_workspace(conn, ws_id)
+            row = await ws_store.get_workspace(conn, ws_id)
+        if row is None:  # inserted in that very transaction
+            raise NotFound("no such workspace")
+        return row
 
     async def membership(self, principal: Principal, workspace_id: UUID) -> Membership:
         """The caller's membership of a workspace it may switch to; any other is NotFound.
@@ -136,7 +144,7 @@ class WorkspaceService:
             current=True,
         )
 
-    async def get(self, principal: Principal, workspace_id: UUID) -> Any:
+    async def get(self, principal: Principal, workspace_id: UUID) -> WorkspaceRecord:
         """The caller's current workspace; any other id is NotFound."""
         need(principal, Permission.WORKSPACE_READ)
         async with self._store.read() as conn:
@@ -144,7 +152,7 @@ class WorkspaceService:
 
     async def update(
         self, principal: Principal, workspace_id: UUID, changes: dict[str, Any]
-    ) -> Any:
+    ) -> WorkspaceRecord:
         """Rename the workspace (only `name` may change)."""
         need(principal, Permission.WORKSPACE_WRITE)
         if not changes.keys() <= {"name"}:
@@ -165,7 +173,7 @@ class WorkspaceService:
                 now,
                 {"before": {k: getattr(before, k) for k in changed}, "after": changed},
             )
-            return await ws_store.get_workspace(conn, workspace_id)
+            return await self._workspace(conn, principal, workspace_id)
 
     async def delete(self, principal: Principal, workspace_id: UUID) -> None:
         """Delete the workspace and everything in it, unless a worker is running one of its runs.
@@ -197,7 +205,7 @@ class WorkspaceService:
 
     async def members(
         self, principal: Principal, *, limit: int, after: tuple[datetime, UUID] | None
-    ) -> Page[Any]:
+    ) -> Page[MemberRecord]:
         """A page of the workspace's members, oldest membership first."""
         need(principal, Permission.MEMBERS_READ)
         async with self._store.read() as conn:
@@ -205,13 +213,13 @@ class WorkspaceService:
                 conn, principal.workspace_id, limit=limit, after=after
             )
 
-    async def member(self, principal: Principal, user_id: UUID) -> Any:
+    async def member(self, principal: Principal, user_id: UUID) -> MemberRecord:
         """One member of the workspace."""
         need(principal, Permission.MEMBERS_READ)
         async with self._store.read() as conn:
             return await self._member(conn, principal, user_id)
 
-    async def change_role(self, principal: Principal, user_id: UUID, role: Role) -> Any:
+    async def change_role(self, principal: Principal, user_id: UUID, role: Role) -> MemberRecord:
         """Give a member another role; owners alone touch the owner role, and one must remain."""
         need(principal, Permission.MEMBERS_WRITE)
         now = self._clock()
@@ -240,7 +248,7 @@ class WorkspaceService:
                 now,
                 {"before": {"role": current.value}, "after": {"role": role.value}},
             )
-            return await ws_store.get_member(conn, principal.workspace_id, user_id)
+            return await self._member(conn, principal, user_id)
 
     async def remove_member(self, principal: Principal, user_id: UUID) -> None:
         """End a membership with its sessions and keys there; admins cannot remove owners."""
@@ -275,7 +283,7 @@ class WorkspaceService:
 
     async def _workspace(
         self, conn: Connection, principal: Principal, workspace_id: UUID, *, lock: bool = False
-    ) -> Any:
+    ) -> WorkspaceRecord:
         row = None
         if workspace_id == principal.workspace_id:
             find = ws_store.lock_workspace if lock else ws_store.get_workspace
@@ -284,7 +292,7 @@ class WorkspaceService:
             raise NotFound("no such workspace")
         return row
 
-    async def _member(self, conn: Connection, principal: Principal, user_id: UUID) -> Any:
+    async def _member(self, conn: Connection, principal: Principal, user_id: UUID) -> MemberRecord:
         member = await ws_store.get_member(conn, principal.workspace_id, user_id)
         if member is None:
             raise NotFound("no such member in this workspace")

@@ -7,11 +7,11 @@ what authentication needs); nothing here ever selects the digest.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
 
+from bullpen.domain.records.accounts import ApiKeyRecord, RevokedKey
 from bullpen.store.base import Connection
 from bullpen.store.tables import api_keys
 
@@ -32,22 +32,23 @@ _PUBLIC = sa.select(
 
 async def list_keys(
     conn: Connection, workspace_id: UUID, *, user_id: UUID | None, limit: int
-) -> list[Any]:
+) -> list[ApiKeyRecord]:
     """The workspace's keys (only `user_id`'s when given), newest first, at most `limit`."""
     query = _PUBLIC.where(api_keys.c.workspace_id == workspace_id)
     if user_id is not None:
         query = query.where(api_keys.c.user_id == user_id)
     query = query.order_by(api_keys.c.created_at.desc(), api_keys.c.id.desc()).limit(limit)
-    return list(await conn.execute(query))
+    return [ApiKeyRecord.of(row._mapping) for row in await conn.execute(query)]
 
 
-async def get_key(conn: Connection, workspace_id: UUID, key_id: UUID) -> Any | None:
+async def get_key(conn: Connection, workspace_id: UUID, key_id: UUID) -> ApiKeyRecord | None:
     """The key with this id in this workspace, or None (another workspace's is None too)."""
-    return (
+    row = (
         await conn.execute(
             _PUBLIC.where(api_keys.c.id == key_id, api_keys.c.workspace_id == workspace_id)
         )
     ).first()
+    return ApiKeyRecord.of(row._mapping) if row is not None else None
 
 
 async def revoke_key(conn: Connection, workspace_id: UUID, key_id: UUID, now: datetime) -> bool:
@@ -66,7 +67,7 @@ async def revoke_key(conn: Connection, workspace_id: UUID, key_id: UUID, now: da
 
 async def revoke_agent_keys(
     conn: Connection, workspace_id: UUID, agent_id: UUID, now: datetime
-) -> list[Any]:
+) -> list[RevokedKey]:
     """Mark every live key of an agent revoked; the keys revoked (id, name, prefix)."""
     result = await conn.execute(
         api_keys.update()
@@ -78,4 +79,4 @@ async def revoke_agent_keys(
         .values(revoked_at=now)
         .returning(api_keys.c.id, api_keys.c.name, api_keys.c.prefix)
     )
-    return list(result)
+    return [RevokedKey.of(row._mapping) for row in result]

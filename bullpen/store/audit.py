@@ -10,6 +10,7 @@ from uuid import UUID
 import sqlalchemy as sa
 
 from bullpen.domain.principal import NO_WORKSPACE, Principal
+from bullpen.domain.records.audit import AuditEventRecord
 from bullpen.store.base import Connection
 from bullpen.store.paging import Page, keyset
 from bullpen.store.tables import audit_events
@@ -105,7 +106,7 @@ async def list_events(
     action: str | None = None,
     target_id: UUID | None = None,
     actor_id: UUID | None = None,
-) -> Page[Any]:
+) -> Page[AuditEventRecord]:
     """A page of the workspace's audit events (None: the instance's), newest first."""
     c = audit_events.c
     scope = c.workspace_id.is_(None) if workspace_id is None else c.workspace_id == workspace_id
@@ -116,6 +117,7 @@ async def list_events(
         query = query.where(c.target_id == target_id)
     if actor_id is not None:
         query = query.where(c.actor_id == actor_id)
-    return await keyset(
+    page = await keyset(
         conn, query, c.created_at, c.id, limit=limit, after=after, newest_first=True
     )
+    return page.map(lambda row: AuditEventRecord.of(row._mapping))

@@ -15,6 +15,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy import exc
 
+from bullpen.domain.records.gateway import ProviderRecord, RouteRecord
 from bullpen.errors import Conflict
 from bullpen.store.base import Connection
 from bullpen.store.tables import cost_events, model_routes, providers
@@ -56,7 +57,7 @@ async def create_provider(
 
 async def get_provider(
     conn: Connection, workspace_id: UUID, provider_id: UUID, *, for_update: bool = False
-) -> Any | None:
+) -> ProviderRecord | None:
     """The provider with this id in this workspace, or None; `for_update` locks the row (on
     PostgreSQL; SQLite's one writer already excludes others) until the transaction ends."""
     query = sa.select(providers).where(
@@ -64,17 +65,18 @@ async def get_provider(
     )
     if for_update:
         query = query.with_for_update()
-    return (await conn.execute(query)).first()
+    row = (await conn.execute(query)).first()
+    return ProviderRecord.of(row._mapping) if row is not None else None
 
 
-async def list_providers(conn: Connection, workspace_id: UUID) -> list[Any]:
+async def list_providers(conn: Connection, workspace_id: UUID) -> list[ProviderRecord]:
     """The workspace's providers by name."""
     result = await conn.execute(
         sa.select(providers)
         .where(providers.c.workspace_id == workspace_id)
         .order_by(providers.c.name)
     )
-    return list(result)
+    return [ProviderRecord.of(row._mapping) for row in result]
 
 
 async def update_provider(
@@ -124,25 +126,26 @@ async def create_route(
     return route_id
 
 
-async def get_route(conn: Connection, workspace_id: UUID, route_id: UUID) -> Any | None:
+async def get_route(conn: Connection, workspace_id: UUID, route_id: UUID) -> RouteRecord | None:
     """The route with this id in this workspace, or None."""
-    return (
+    row = (
         await conn.execute(
             sa.select(model_routes).where(
                 model_routes.c.id == route_id, model_routes.c.workspace_id == workspace_id
             )
         )
     ).first()
+    return RouteRecord.of(row._mapping) if row is not None else None
 
 
-async def list_routes(conn: Connection, workspace_id: UUID) -> list[Any]:
+async def list_routes(conn: Connection, workspace_id: UUID) -> list[RouteRecord]:
     """The workspace's model routes by name."""
     result = await conn.execute(
         sa.select(model_routes)
         .where(model_routes.c.workspace_id == workspace_id)
         .order_by(model_routes.c.name)
     )
-    return list(result)
+    return [RouteRecord.of(row._mapping) for row in result]
 
 
 async def update_route(

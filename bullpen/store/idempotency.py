@@ -11,6 +11,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from bullpen.domain.records.audit import IdempotencyRecord
 from bullpen.store.base import Connection
 from bullpen.store.tables import idempotency_keys
 
@@ -63,7 +64,9 @@ _STORE = {
 }
 
 
-async def claim(conn: Connection, scope: Scope, dialect: str) -> tuple[bool, Any | None]:
+async def claim(
+    conn: Connection, scope: Scope, dialect: str
+) -> tuple[bool, IdempotencyRecord | None]:
     """Hold the scope until the transaction ends and read its stored outcome, if any.
 
     Returns (False, None) when another transaction holds the scope. On PostgreSQL the advisory
@@ -72,11 +75,12 @@ async def claim(conn: Connection, scope: Scope, dialect: str) -> tuple[bool, Any
     no lock: its single writer already serialises every write transaction.
     """
     if dialect != "postgresql":
-        return True, (await conn.execute(_FIND, scope.params())).first()
+        found = (await conn.execute(_FIND, scope.params())).first()
+        return True, (IdempotencyRecord.of(found._mapping) if found is not None else None)
     row = (await conn.execute(_CLAIM, {**scope.params(), "lock_id": scope.lock_id()})).one()
     if not row.locked:
         return False, None
-    return True, (row if row.key is not None else None)
+    return True, (IdempotencyRecord.of(row._mapping) if row.key is not None else None)
 
 
 async def forget(conn: Connection, scope: Scope) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
 
 from bullpen.domain.agents import AgentStatus
 from bullpen.domain.principal import Role
+from bullpen.domain.records.accounts import UserLogin
 from bullpen.store.base import Connection
 from bullpen.store.tables import agents, api_keys, memberships, sessions, users, workspaces
 
@@ -188,15 +188,16 @@ async def touch_api_key(conn: Connection, key_id: UUID, now: datetime) -> None:
     await conn.execute(api_keys.update().where(api_keys.c.id == key_id).values(last_used_at=now))
 
 
-async def find_user_for_login(conn: Connection, email: str) -> Any | None:
+async def find_user_for_login(conn: Connection, email: str) -> UserLogin | None:
     """The enabled user with this email (id, password_hash), or None."""
-    return (
+    row = (
         await conn.execute(
             sa.select(users.c.id, users.c.password_hash).where(
                 users.c.email == email.lower(), users.c.disabled_at.is_(None)
             )
         )
     ).first()
+    return UserLogin.of(row._mapping) if row is not None else None
 
 
 async def password_hash(conn: Connection, user_id: UUID) -> str | None:

@@ -14,6 +14,7 @@ from uuid import UUID
 import sqlalchemy as sa
 
 from bullpen.domain.principal import Role
+from bullpen.domain.records.accounts import InvitationRecord
 from bullpen.store.base import Connection
 from bullpen.store.tables import invitations, workspaces
 
@@ -77,19 +78,21 @@ async def upsert(
     return invitation_id
 
 
-async def get(conn: Connection, workspace_id: UUID, invitation_id: UUID, now: datetime) -> Any:
+async def get(
+    conn: Connection, workspace_id: UUID, invitation_id: UUID, now: datetime
+) -> InvitationRecord | None:
     """A live invitation of the workspace, or None."""
     query = _WITH_WORKSPACE.where(
         invitations.c.workspace_id == workspace_id,
         invitations.c.id == invitation_id,
         invitations.c.expires_at > now,
     )
-    return (await conn.execute(query)).first()
+    return _invitation((await conn.execute(query)).first())
 
 
 async def list_for_workspace(
     conn: Connection, workspace_id: UUID, now: datetime, limit: int
-) -> list[Any]:
+) -> list[InvitationRecord]:
     """The workspace's live invitations, newest first."""
     query = (
         _WITH_WORKSPACE.where(
@@ -98,20 +101,24 @@ async def list_for_workspace(
         .order_by(invitations.c.created_at.desc(), invitations.c.id)
         .limit(limit)
     )
-    return list(await conn.execute(query))
+    return [InvitationRecord.of(row._mapping) for row in await conn.execute(query)]
 
 
-async def list_for_email(conn: Connection, email: str, now: datetime, limit: int) -> list[Any]:
+async def list_for_email(
+    conn: Connection, email: str, now: datetime, limit: int
+) -> list[InvitationRecord]:
     """The live invitations addressed to this email, newest first."""
     query = (
         _WITH_WORKSPACE.where(invitations.c.email == email, invitations.c.expires_at > now)
         .order_by(invitations.c.created_at.desc(), invitations.c.id)
         .limit(limit)
     )
-    return list(await conn.execute(query))
+    return [InvitationRecord.of(row._mapping) for row in await conn.execute(query)]
 
 
-async def get_for_email(conn: Connection, invitation_id: UUID, email: str, now: datetime) -> Any:
+async def get_for_email(
+    conn: Connection, invitation_id: UUID, email: str, now: datetime
+) -> InvitationRecord | None:
     """A live invitation addressed to this email, row-locked until commit, or None."""
     query = (
         sa.select(invitations)
@@ -122,10 +129,14 @@ async def get_for_email(conn: Connection, invitation_id: UUID, email: str, now: 
         )
         .with_for_update()
     )
-    return (await conn.execute(query)).first()
+    return _invitation((await conn.execute(query)).first())
 
 
 async def delete(conn: Connection, invitation_id: UUID) -> bool:
     """Delete an invitation; whether it existed."""
     result = await conn.execute(invitations.delete().where(invitations.c.id == invitation_id))
     return int(result.rowcount) > 0
+
+
+def _invitation(row: sa.Row[Any] | None) -> InvitationRecord | None:
+    return InvitationRecord.of(row._mapping) if row is not None else None

@@ -12,6 +12,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy import exc
 
+from bullpen.domain.records.accounts import UserRecord
 from bullpen.errors import Conflict
 from bullpen.store import identity
 from bullpen.store.base import Connection
@@ -51,28 +52,30 @@ async def insert_user(
         raise Conflict("a user with this email already exists") from err
 
 
-async def get_user(conn: Connection, user_id: UUID) -> Any | None:
+async def get_user(conn: Connection, user_id: UUID) -> UserRecord | None:
     """The user, or None."""
-    return (await conn.execute(_PUBLIC.where(users.c.id == user_id))).first()
+    return _user((await conn.execute(_PUBLIC.where(users.c.id == user_id))).first())
 
 
-async def find_by_email(conn: Connection, email: str) -> Any | None:
+async def find_by_email(conn: Connection, email: str) -> UserRecord | None:
     """The user with this email (any case), or None."""
-    return (await conn.execute(_PUBLIC.where(users.c.email == email.lower()))).first()
+    return _user((await conn.execute(_PUBLIC.where(users.c.email == email.lower()))).first())
 
 
 async def list_users(
     conn: Connection, *, limit: int, after: tuple[datetime, UUID] | None
-) -> Page[Any]:
+) -> Page[UserRecord]:
     """A page of users, oldest first, keyset-paginated on (created_at, id)."""
-    return await keyset(
+    page = await keyset(
         conn, _PUBLIC, users.c.created_at, users.c.id, limit=limit, after=after, newest_first=False
     )
+    return page.map(lambda row: UserRecord.of(row._mapping))
 
 
-async def lock_user(conn: Connection, user_id: UUID) -> Any | None:
+async def lock_user(conn: Connection, user_id: UUID) -> UserRecord | None:
     """The user, row-locked until commit (PostgreSQL; SQLite has one writer), or None."""
-    return (await conn.execute(_PUBLIC.where(users.c.id == user_id).with_for_update())).first()
+    query = _PUBLIC.where(users.c.id == user_id).with_for_update()
+    return _user((await conn.execute(query)).first())
 
 
 async def update_user(conn: Connection, user_id: UUID, values: dict[str, Any]) -> None:
@@ -85,3 +88,7 @@ async def set_password_hash(conn: Connection, user_id: UUID, password_hash: str)
     await conn.execute(
         users.update().where(users.c.id == user_id).values(password_hash=password_hash)
     )
+
+
+def _user(row: sa.Row[Any] | None) -> UserRecord | None:
+    return UserRecord.of(row._mapping) if row is not None else None

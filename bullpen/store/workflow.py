@@ -15,7 +15,7 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
-from bullpen.domain.records import TaskLink, TaskRecord
+from bullpen.domain.records import OpenDescendant, TaskLink, TaskRecord
 from bullpen.domain.status import TERMINAL_TASK, RunStatus, TaskStatus
 from bullpen.errors import InvalidInput, NotFound
 from bullpen.store import tasks as task_store
@@ -220,9 +220,9 @@ async def depth_below_root(conn: Connection, task_id: UUID, cap: int) -> int:
 
 async def open_descendants(
     conn: Connection, workspace_id: UUID, root_id: UUID, limit: int
-) -> list[Any]:
+) -> list[OpenDescendant]:
     """Up to `limit` descendants of `root_id` (not itself) that have not ended and are not
-    already being stopped, shallowest first: rows of (id, dependents).
+    already being stopped, shallowest first.
 
     One recursive query, whatever the tree's depth; it walks through ended tasks too, since a
     task that ended may have subtasks it did not wait for. A task whose running run was asked
@@ -244,15 +244,14 @@ async def open_descendants(
             runs.c.cancel_requested_at.is_not(None),
         )
     )
-    return list(
-        await conn.execute(
-            sa.select(tasks.c.id, tasks.c.dependents)
-            .select_from(down.join(tasks, tasks.c.id == down.c.id))
-            .where(down.c.depth > 0, tasks.c.status.not_in(_ENDED), ~stopping)
-            .order_by(down.c.depth, tasks.c.id)
-            .limit(limit)
-        )
+    query = (
+        sa.select(tasks.c.id, tasks.c.dependents)
+        .select_from(down.join(tasks, tasks.c.id == down.c.id))
+        .where(down.c.depth > 0, tasks.c.status.not_in(_ENDED), ~stopping)
+        .order_by(down.c.depth, tasks.c.id)
+        .limit(limit)
     )
+    return [OpenDescendant.of(row._mapping) for row in await conn.execute(query)]
 
 
 def _related_columns() -> list[Any]:

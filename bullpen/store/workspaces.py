@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc
 
 from bullpen.domain.principal import Role
+from bullpen.domain.records.accounts import MemberRecord, MembershipRecord, WorkspaceRecord
 from bullpen.domain.status import RunStatus
 from bullpen.errors import Conflict
 from bullpen.store import identity
@@ -77,16 +78,18 @@ async def slug_taken(conn: Connection, slug: str) -> bool:
     return (await conn.execute(query)).first() is not None
 
 
-async def get_workspace(conn: Connection, workspace_id: UUID) -> Any | None:
+async def get_workspace(conn: Connection, workspace_id: UUID) -> WorkspaceRecord | None:
     """The workspace, or None."""
     query = sa.select(workspaces).where(workspaces.c.id == workspace_id)
-    return (await conn.execute(query)).first()
+    row = (await conn.execute(query)).first()
+    return WorkspaceRecord.of(row._mapping) if row is not None else None
 
 
-async def lock_workspace(conn: Connection, workspace_id: UUID) -> Any | None:
+async def lock_workspace(conn: Connection, workspace_id: UUID) -> WorkspaceRecord | None:
     """The workspace, row-locked until commit: serialises membership changes (PostgreSQL)."""
     query = sa.select(workspaces).where(workspaces.c.id == workspace_id).with_for_update()
-    return (await conn.execute(query)).first()
+    row = (await conn.execute(query)).first()
+    return WorkspaceRecord.of(row._mapping) if row is not None else None
 
 
 async def update_workspace(conn: Connection, workspace_id: UUID, values: dict[str, Any]) -> None:
@@ -94,7 +97,7 @@ async def update_workspace(conn: Connection, workspace_id: UUID, values: dict[st
     await conn.execute(workspaces.update().where(workspaces.c.id == workspace_id).values(**values))
 
 
-async def memberships_of(conn: Connection, user_id: UUID) -> list[Any]:
+async def memberships_of(conn: Connection, user_id: UUID) -> list[MembershipRecord]:
     """The user's workspaces with the role held in each, oldest membership first."""
     query = (
         sa.select(
@@ -108,26 +111,28 @@ async def memberships_of(conn: Connection, user_id: UUID) -> list[Any]:
         .where(memberships.c.user_id == user_id)
         .order_by(memberships.c.created_at, workspaces.c.id)
     )
-    return list(await conn.execute(query))
+    return [MembershipRecord.of(row._mapping) for row in await conn.execute(query)]
 
 
 async def list_members(
     conn: Connection, workspace_id: UUID, *, limit: int, after: tuple[datetime, UUID] | None
-) -> Page[Any]:
+) -> Page[MemberRecord]:
     """A page of members, oldest first, keyset-paginated on (created_at, user_id)."""
     c = memberships.c
     query = _MEMBER.where(c.workspace_id == workspace_id)
-    return await keyset(
+    page = await keyset(
         conn, query, c.created_at, c.user_id, limit=limit, after=after, newest_first=False
     )
+    return page.map(lambda row: MemberRecord.of(row._mapping))
 
 
-async def get_member(conn: Connection, workspace_id: UUID, user_id: UUID) -> Any | None:
+async def get_member(conn: Connection, workspace_id: UUID, user_id: UUID) -> MemberRecord | None:
     """The user's membership of this workspace (with email and name), or None."""
     query = _MEMBER.where(
         memberships.c.workspace_id == workspace_id, memberships.c.user_id == user_id
     )
-    return (await conn.execute(query)).first()
+    row = (await conn.execute(query)).first()
+    return MemberRecord.of(row._mapping) if row is not None else None
 
 
 async def role_of(conn: Connection, workspace_id: UUID, user_id: UUID) -> Role | None:

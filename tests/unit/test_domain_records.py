@@ -10,17 +10,47 @@ import pytest
 import sqlalchemy as sa
 
 from bullpen.domain.agents import AgentStatus
+from bullpen.domain.principal import Role
 from bullpen.domain.records import (
     AgentRecord,
     CommentRecord,
+    OpenDescendant,
     RoutineFireRecord,
     RoutineRecord,
     RunRecord,
     TaskLink,
     TaskRecord,
 )
+from bullpen.domain.records.accounts import (
+    ApiKeyRecord,
+    InvitationRecord,
+    MemberRecord,
+    MembershipRecord,
+    RevokedKey,
+    UserLogin,
+    UserRecord,
+    WorkspaceRecord,
+)
+from bullpen.domain.records.audit import AuditEventRecord, IdempotencyRecord
+from bullpen.domain.records.gateway import ProviderRecord, RouteRecord
 from bullpen.domain.status import RunStatus, TaskStatus
-from bullpen.store.tables import agents, routine_fires, routines, runs, task_comments, tasks
+from bullpen.store.tables import (
+    agents,
+    api_keys,
+    audit_events,
+    idempotency_keys,
+    invitations,
+    memberships,
+    model_routes,
+    providers,
+    routine_fires,
+    routines,
+    runs,
+    task_comments,
+    tasks,
+    users,
+    workspaces,
+)
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -48,6 +78,7 @@ def test_each_record_holds_every_column_of_its_table(
 
 def test_a_task_link_reads_task_columns_and_the_assignee() -> None:
     assert _names(TaskLink) <= {column.name for column in tasks.c} | {"task_key", "agent"}
+    assert _names(OpenDescendant) <= {column.name for column in tasks.c}
 
 
 def test_agent_statuses_are_the_stored_strings() -> None:
@@ -91,3 +122,49 @@ def test_a_row_missing_a_column_is_refused() -> None:
     del row["description"]
     with pytest.raises(KeyError):
         AgentRecord.of(row)
+
+
+# ---- accounts, gateway, audit and idempotency records ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("record", "table", "left_out", "extra"),
+    [
+        (UserRecord, users, {"password_hash"}, set()),  # never leaves the sign-in lookup
+        (WorkspaceRecord, workspaces, set(), set()),
+        (ApiKeyRecord, api_keys, {"digest"}, set()),  # never selected outside authentication
+        (InvitationRecord, invitations, set(), {"workspace_name", "workspace_slug"}),
+        (ProviderRecord, providers, set(), set()),
+        (RouteRecord, model_routes, set(), set()),
+        (AuditEventRecord, audit_events, set(), set()),
+        (IdempotencyRecord, idempotency_keys, set(), set()),
+    ],
+)
+def test_each_account_and_gateway_record_matches_its_table(
+    record: type, table: sa.Table, left_out: set[str], extra: set[str]
+) -> None:
+    assert _names(record) == ({column.name for column in table.c} - left_out) | extra
+
+
+def test_member_and_membership_records_read_their_joined_columns() -> None:
+    assert _names(MemberRecord) <= {c.name for c in memberships.c} | {c.name for c in users.c}
+    assert _names(MembershipRecord) <= {c.name for c in workspaces.c} | {"role"}
+    assert _names(UserLogin) <= {c.name for c in users.c}
+    assert _names(RevokedKey) <= {c.name for c in api_keys.c}
+
+
+def test_roles_are_typed_and_secrets_stay_out_of_reprs() -> None:
+    member = MemberRecord.of(
+        {"user_id": uuid.uuid4(), "email": "a@b.c", "name": "A", "role": "admin", "created_at": NOW}
+    )
+    assert member.role is Role.ADMIN
+    invitation_row = {name: None for name in _names(InvitationRecord)} | {"role": "viewer"}
+    del invitation_row["workspace_name"], invitation_row["workspace_slug"]
+    invitation = InvitationRecord.of(invitation_row)  # read without its workspace
+    assert invitation.role is Role.VIEWER and invitation.workspace_name is None
+    provider_row = {name: None for name in _names(ProviderRecord)}
+    provider = ProviderRecord.of(provider_row | {"api_key_ciphertext": b"sealed-secret"})
+    assert provider.api_key_ciphertext == b"sealed-secret"
+    assert "sealed-secret" not in repr(provider)
+    login = UserLogin.of({"id": uuid.uuid4(), "password_hash": "$argon2id$secret"})
+    assert "argon2id" not in repr(login)

@@ -1,5 +1,8 @@
 """Typed records of the rows that cross layers: tasks, runs, agents, comments, routines.
 
+Accounts (users, workspaces, members, API keys, invitations), the gateway's providers and
+routes, audit events and idempotency outcomes have their own modules in this package.
+
 The store builds them once, at its edge, from the rows it reads or writes; services and the API
 read their attributes (the same names as the columns), never a driver's row. Statuses are the
 domain's `StrEnum`s, so they compare, print and serialise as the stored strings.
@@ -164,6 +167,19 @@ class TaskLink:
         picked = _pick(cls, values)
         picked["status"] = TaskStatus(picked["status"])
         return cls(**picked)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenDescendant:
+    """A subtask still open below a task being cancelled, and how many tasks wait for it."""
+
+    id: UUID
+    dependents: int
+
+    @classmethod
+    def of(cls, values: Mapping[Any, Any]) -> Self:
+        """Build from a row's mapping."""
+        return cls(**_pick(cls, values))
 
 
 @dataclass(frozen=True, slots=True)
