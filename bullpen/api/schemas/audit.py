@@ -8,6 +8,8 @@ from uuid import UUID
 
 from pydantic import BaseModel, Field
 
+from bullpen.domain.records.audit import AuditEventRecord
+
 
 class AuditEventPublic(BaseModel):
     """One audited change (or refused attempt)."""
@@ -22,7 +24,7 @@ class AuditEventPublic(BaseModel):
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: Any) -> AuditEventPublic:
+    def from_row(cls, row: AuditEventRecord) -> AuditEventPublic:
         """Build from an `audit_events` row."""
         return cls(
             id=row.id,

@@ -17,6 +17,7 @@ from pydantic import (
 )
 
 from bullpen.api.schemas.common import Strict, optional
+from bullpen.domain.records.gateway import ProviderRecord, RouteRecord
 from bullpen.services.gateway import MAX_CHAIN
 
 MODELS_MAX = 100
@@ -203,7 +204,7 @@ class ProviderPublic(BaseModel):
     updated_at: datetime
 
     @classmethod
-    def from_row(cls, row: Any) -> ProviderPublic:
+    def from_row(cls, row: ProviderRecord) -> ProviderPublic:
         """Build from a `providers` row."""
         return cls(
             id=row.id,
@@ -280,7 +281,7 @@ class RoutePublic(BaseModel):
     updated_at: datetime
 
     @classmethod
-    def from_row(cls, row: Any) -> RoutePublic:
+    def from_row(cls, row: RouteRecord) -> RoutePublic:
         """Build from a `model_routes` row."""
         return cls(
             id=row.id,

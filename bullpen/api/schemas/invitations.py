@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -11,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from bullpen.api.schemas.common import Strict
 from bullpen.api.schemas.users import Email
 from bullpen.domain.principal import Role
+from bullpen.domain.records.accounts import InvitationRecord
 
 
 class InvitationCreate(Strict):
@@ -36,7 +36,7 @@ class InvitationPublic(BaseModel):
     expires_at: datetime = Field(description="After this it can no longer be accepted.")
 
     @classmethod
-    def from_row(cls, row: Any) -> InvitationPublic:
+    def from_row(cls, row: InvitationRecord) -> InvitationPublic:
         """Build from an `invitations` row joined with its workspace."""
         return cls(
             id=row.id,

@@ -19,6 +19,7 @@ from pydantic import (
 
 from bullpen.api.schemas.common import Strict
 from bullpen.domain.access import ALL_SCOPES, Permission
+from bullpen.domain.records.accounts import ApiKeyRecord
 from bullpen.services.api_keys import LIST_MAX
 
 # Printable, no control characters, no leading or trailing whitespace.
@@ -105,7 +106,7 @@ class ApiKeyPublic(BaseModel):
     revoked_at: datetime | None
 
     @classmethod
-    def from_row(cls, row: Any) -> ApiKeyPublic:
+    def from_row(cls, row: ApiKeyRecord) -> ApiKeyPublic:
         """Build from an `api_keys` row (without its digest)."""
         return cls(
             id=row.id,

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from bullpen.api.schemas.common import Strict
 from bullpen.domain.principal import Role
+from bullpen.domain.records.accounts import MemberRecord
 
 
 class MemberUpdate(Strict):
@@ -30,7 +30,7 @@ class MemberPublic(BaseModel):
     created_at: datetime = Field(description="When the user joined the workspace.")
 
     @classmethod
-    def from_row(cls, row: Any) -> MemberPublic:
+    def from_row(cls, row: MemberRecord) -> MemberPublic:
         """Build from a `memberships` row joined with its user."""
         return cls(
             user_id=row.user_id,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints
 
 from bullpen.api.schemas.common import Strict, optional
 from bullpen.domain.principal import Role
+from bullpen.domain.records.accounts import UserRecord
 
 NAME_MAX = 200
 EMAIL_MAX = 320
@@ -90,7 +91,7 @@ class UserPublic(BaseModel):
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: Any) -> UserPublic:
+    def from_row(cls, row: UserRecord) -> UserPublic:
         """Build from a `users` row (selected without its hash)."""
         return cls(
             id=row.id,
@@ -121,7 +122,7 @@ class MePublic(BaseModel):
     workspace_id: UUID
 
     @classmethod
-    def from_row(cls, row: Any, role: Role, workspace_id: UUID) -> MePublic:
+    def from_row(cls, row: UserRecord, role: Role, workspace_id: UUID) -> MePublic:
         """Build from a `users` row and the caller's current role and workspace."""
         return cls(
             id=row.id,

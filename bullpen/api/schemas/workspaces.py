@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from bullpen.api.schemas.common import Strict, optional
 from bullpen.api.schemas.users import Name
 from bullpen.domain.principal import Role
+from bullpen.domain.records.accounts import WorkspaceRecord
 from bullpen.services.workspaces import Membership
 
 Slug = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{1,62}$", strict=True)]
@@ -47,7 +48,7 @@ class WorkspacePublic(BaseModel):
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: Any) -> WorkspacePublic:
+    def from_row(cls, row: WorkspaceRecord) -> WorkspacePublic:
         """Build from a `workspaces` row."""
         return cls(
             id=row.id,
