@@ -24,6 +24,7 @@ from bullpen.services.bootstrap import Bootstrap, ensure_bootstrap
 from bullpen.services.secrets import load_secret
 from bullpen.settings import Settings
 from bullpen.store.base import Store
+from tests.support import suite
 
 PG_ADMIN_URL = os.environ.get("BULLPEN_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", "postgres"]
@@ -93,11 +94,9 @@ def backend(request: pytest.FixtureRequest) -> str:
     return param
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Register the suite's markers."""
-    config.addinivalue_line(
-        "markers", "with_settings(**fields): run the server with these Settings fields changed"
-    )
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tier, `postgres` and `serial` markers; the slowest tests first (tests/support/suite.py)."""
+    suite.mark(items)
 
 
 def _marked_settings(request: pytest.FixtureRequest) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -94,11 +95,30 @@ def bullpen_up(env: dict[str, str], port: int) -> Iterator[Server]:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that nothing uses right now, for a child to listen on.
+
+    It is drawn below the kernel's ephemeral range: a port from that range (what binding port 0
+    gives) can be handed to any outgoing connection, and the parallel suite opens thousands,
+    between this call and the child's bind. Random, so pytest-xdist workers do not collide.
+    """
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(10_000, low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port found in 10000-{low - 1}")
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+            return max(int(ranges.read().split()[0]), 11_000)
+    except (OSError, ValueError, IndexError):
+        return 32_768
 
 
 def wait_until_listening(port: int, proc: subprocess.Popen[str], seconds: float = 30) -> None:

@@ -99,7 +99,8 @@ async def test_killed_between_claim_and_commit_then_retried(settings: Settings) 
                 # Asked on another connection: inside the holder's transaction the activity
                 # view is a snapshot taken at its first read, and would never change.
                 waiting = await watcher.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
                 )
                 if waiting:
                     break
