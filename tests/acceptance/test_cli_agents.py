@@ -18,7 +18,7 @@ import pytest
 
 from bullpen.apiclient import request
 from bullpen.settings import Settings
-from tests.acceptance.processes import (
+from tests.support.processes import (
     BullpenCli,
     bootstrap_key,
     bullpen_up,

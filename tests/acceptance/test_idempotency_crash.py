@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 
 from bullpen.settings import Settings
-from tests.acceptance.processes import bullpen_up, free_port, process_env
+from tests.support.processes import bullpen_up, free_port, process_env
 
 PROMPT = "Analyze this dataset and extract key metrics"
 

@@ -35,36 +35,36 @@ TIERS = {
 # cores a 100 ms bound measures the neighbours, not the code.
 SERIAL = (
     "faults",  # SIGKILL storms, PostgreSQL stopped and started, overload, soak
-    "integration/test_sse_churn.py",  # memory, descriptors and tasks flat over 20,000 cycles
-    "integration/test_login_burst.py",  # RSS and /healthz latency during 300 sign-ins
-    "integration/test_login_throttle.py::test_unknown_email_costs_the_same_time_as_a_wrong_password",
-    "integration/test_gateway_faults.py::test_failures_before_content_fall_back",  # < 1 s
-    "integration/test_gateway_ledger.py::test_rows_arriving_during_a_commit_are_committed_next_not_later",
-    "integration/test_gateway_ledger.py::test_rows_of_calls_ending_within_the_linger_commit_together",
-    "integration/test_gateway_ledger.py::test_the_apps_ledger_lingers_as_configured",
-    "integration/test_api_task_actions.py::test_cancel_a_running_task_stops_it_within_a_second",
-    "integration/test_queue_api.py::test_cancel_reaches_a_worker_in_another_process_within_a_second",
-    "integration/test_simprovider.py::test_client_disconnect_mid_stream_leaves_the_server_serving",
-    "integration/test_process_agent.py::test_text_streams_without_waiting_for_a_newline_and_cancel_ends_the_group",
-    "integration/test_process_agent.py::test_a_large_context_the_command_never_reads_does_not_block",
-    "integration/test_process_agent.py::test_a_timeout_ends_the_whole_group",
-    "integration/test_process_agent.py::test_a_group_that_ignores_sigterm_gets_sigkill_after_the_grace",
-    "integration/test_process_agent.py::test_what_a_successful_command_leaves_running_is_killed",
-    "integration/test_process_agent.py::test_a_process_that_left_the_group_cannot_hold_the_run",
-    "integration/test_process_agent.py::test_an_events_sink_that_fails_ends_the_run_with_its_error",
-    "integration/test_streamsbench.py",  # tokens per second within a window
-    "integration/test_relaybench.py",  # first content within 15 ms; the scenario's timings
+    "integration/streams/test_sse_churn.py",  # memory, descriptors, tasks flat over 20,000 cycles
+    "integration/security/test_login_burst.py",  # RSS and /healthz latency during 300 sign-ins
+    "integration/security/test_login_throttle.py::test_unknown_email_costs_the_same_time_as_a_wrong_password",
+    "integration/gateway/test_gateway_faults.py::test_failures_before_content_fall_back",  # < 1 s
+    "integration/gateway/test_gateway_ledger.py::test_rows_arriving_during_a_commit_are_committed_next_not_later",
+    "integration/gateway/test_gateway_ledger.py::test_rows_of_calls_ending_within_the_linger_commit_together",
+    "integration/gateway/test_gateway_ledger.py::test_the_apps_ledger_lingers_as_configured",
+    "integration/api/test_api_task_actions.py::test_cancel_a_running_task_stops_it_within_a_second",
+    "integration/queue/test_queue_api.py::test_cancel_reaches_a_worker_in_another_process_within_a_second",
+    "integration/gateway/test_simprovider.py::test_client_disconnect_mid_stream_leaves_the_server_serving",
+    "integration/agents/test_process_agent.py::test_text_streams_without_waiting_for_a_newline_and_cancel_ends_the_group",
+    "integration/agents/test_process_agent.py::test_a_large_context_the_command_never_reads_does_not_block",
+    "integration/agents/test_process_agent.py::test_a_timeout_ends_the_whole_group",
+    "integration/agents/test_process_agent.py::test_a_group_that_ignores_sigterm_gets_sigkill_after_the_grace",
+    "integration/agents/test_process_agent.py::test_what_a_successful_command_leaves_running_is_killed",
+    "integration/agents/test_process_agent.py::test_a_process_that_left_the_group_cannot_hold_the_run",
+    "integration/agents/test_process_agent.py::test_an_events_sink_that_fails_ends_the_run_with_its_error",
+    "bench/test_streamsbench.py",  # tokens per second within a window
+    "bench/test_relaybench.py",  # first content within 15 ms; the scenario's timings
 )
 
 # Tests that need the PostgreSQL server without a `postgres` parameter saying so.
 POSTGRES = (
     "faults/test_partition.py",
     "faults/test_soak.py",
-    "integration/test_relaybench.py::test_the_relay_scenario_measures_direct_hop_and_relayed_streams",
+    "bench/test_relaybench.py::test_the_relay_scenario_measures_direct_hop_and_relayed_streams",
 )
 
 # The longest tests of the parallel phase, started first so that none begins near the end.
-SLOWEST_FIRST = ("contract/test_fuzz.py",)
+SLOWEST_FIRST = ("fuzz/test_fuzz.py",)
 
 
 def _rel(item: pytest.Item) -> str:
