@@ -45,6 +45,8 @@ SERIAL = (
     "integration/api/test_api_task_actions.py::test_cancel_a_running_task_stops_it_within_a_second",
     "integration/queue/test_queue_api.py::test_cancel_reaches_a_worker_in_another_process_within_a_second",
     "integration/gateway/test_simprovider.py::test_client_disconnect_mid_stream_leaves_the_server_serving",
+    "integration/gateway/test_simprovider.py::test_first_token_waits_for_ttft_and_tokens_follow_the_rate",
+    "integration/gateway/test_simprovider.py::test_hang_sends_sse_headers_then_nothing_and_frees_the_server",
     "integration/agents/test_process_agent.py::test_text_streams_without_waiting_for_a_newline_and_cancel_ends_the_group",
     "integration/agents/test_process_agent.py::test_a_large_context_the_command_never_reads_does_not_block",
     "integration/agents/test_process_agent.py::test_a_timeout_ends_the_whole_group",
@@ -52,6 +54,8 @@ SERIAL = (
     "integration/agents/test_process_agent.py::test_what_a_successful_command_leaves_running_is_killed",
     "integration/agents/test_process_agent.py::test_a_process_that_left_the_group_cannot_hold_the_run",
     "integration/agents/test_process_agent.py::test_an_events_sink_that_fails_ends_the_run_with_its_error",
+    "e2e/test_ui.py::test_task_streams_into_its_page",  # the page sees the stream live
+    "bench/test_loadgen.py",  # wall time and completion time windows
     "bench/test_streamsbench.py",  # tokens per second within a window
     "bench/test_relaybench.py",  # first content within 15 ms; the scenario's timings
 )
