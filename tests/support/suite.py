@@ -38,6 +38,10 @@ SERIAL = (
     "integration/streams/test_sse_churn.py",  # memory, descriptors, tasks flat over 20,000 cycles
     "integration/security/test_login_burst.py",  # RSS and /healthz latency during 300 sign-ins
     "integration/security/test_login_throttle.py::test_unknown_email_costs_the_same_time_as_a_wrong_password",
+    # Reads PostgreSQL's task change log at once after a commit: the log shows only what ended
+    # before the oldest write transaction still running on the whole server (pg_snapshot_xmin
+    # is cluster-wide), so any other worker's open transaction holds the read back.
+    "integration/store/test_task_changes.py",
     "integration/gateway/test_gateway_faults.py::test_failures_before_content_fall_back",  # < 1 s
     "integration/gateway/test_gateway_ledger.py::test_rows_arriving_during_a_commit_are_committed_next_not_later",
     "integration/gateway/test_gateway_ledger.py::test_rows_of_calls_ending_within_the_linger_commit_together",
