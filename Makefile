@@ -23,7 +23,7 @@ test:
 # The inner loop: unit, contract and integration tests on SQLite, in parallel; no test that
 # needs PostgreSQL, and none of the timing-bound `serial` ones (make test runs those).
 test-fast: deps
-	uv run pytest -n $(TEST_WORKERS) --dist load \
+	uv run pytest -n $(TEST_WORKERS) --dist worksteal \
 		-m "(unit or contract or integration) and not postgres and not serial" $(PYTEST_ARGS)
 
 lint: deps

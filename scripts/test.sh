@@ -23,7 +23,7 @@ phase() {
 }
 
 echo "== phase 1/2: tests not marked serial, $workers workers in parallel"
-phase -n "$workers" --dist load -m "not serial" "$@"
+phase -n "$workers" --dist worksteal -m "not serial" "$@"
 echo "== phase 2/2: tests marked serial, one at a time"
 phase -p no:xdist -m serial "$@"
 if [ "$ran" -eq 0 ]; then exit 5; fi
