@@ -2,8 +2,12 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.local/bin:$(PATH)
 PYTEST_ARGS ?=
+# pytest-xdist workers: tests wait on sockets, databases and child processes, so more workers
+# than cores pays (measured in docs/testing.md).
+TEST_WORKERS ?= 4
+export TEST_WORKERS
 
-.PHONY: deps up test lint bench fmt soak
+.PHONY: deps up test test-fast lint bench fmt soak
 
 deps:
 	@./scripts/deps.sh
@@ -11,9 +15,16 @@ deps:
 up: deps
 	uv run bullpen up
 
+# Everything, both backends and the browser: a parallel phase, then the `serial` tests alone.
 test:
 	@./scripts/deps.sh --browser
-	uv run pytest $(PYTEST_ARGS)
+	./scripts/test.sh $(PYTEST_ARGS)
+
+# The inner loop: unit, contract and integration tests on SQLite, in parallel; no test that
+# needs PostgreSQL, and none of the timing-bound `serial` ones (make test runs those).
+test-fast: deps
+	uv run pytest -n $(TEST_WORKERS) --dist worksteal \
+		-m "(unit or contract or integration) and not postgres and not serial" $(PYTEST_ARGS)
 
 lint: deps
 	uv run ruff check bullpen tests

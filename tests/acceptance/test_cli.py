@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.acceptance.processes import free_port, wait_until_listening
+from tests.support.processes import free_port, wait_until_listening
 
 
 def _env(data_dir: Path) -> dict[str, str]:

@@ -18,7 +18,7 @@ import pytest
 
 from bullpen.cli.client import request
 from bullpen.settings import Settings
-from tests.acceptance.processes import (
+from tests.support.processes import (
     BullpenCli,
     bootstrap_key,
     bullpen_up,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bullpen.settings import Settings
-from tests.acceptance.processes import (
+from tests.support.processes import (
     BullpenCli,
     bootstrap_key,
     bullpen_up,

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.acceptance.processes import free_port, wait_until_listening
+from tests.support.processes import free_port, wait_until_listening
 
 MIGRATED = re.compile(r"database schema (created|migrated|up to date)")
 

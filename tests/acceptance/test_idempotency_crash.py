@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 
 from bullpen.settings import Settings
-from tests.acceptance.processes import bullpen_up, free_port, process_env
+from tests.support.processes import bullpen_up, free_port, process_env
 
 PROMPT = "Analyze this dataset and extract key metrics"
 
@@ -99,7 +99,8 @@ async def test_killed_between_claim_and_commit_then_retried(settings: Settings) 
                 # Asked on another connection: inside the holder's transaction the activity
                 # view is a snapshot taken at its first read, and would never change.
                 waiting = await watcher.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
                 )
                 if waiting:
                     break

@@ -14,7 +14,7 @@ import pytest
 from bullpen.bench.loadgen import run_load
 from bullpen.bench.spawn import spawn_server
 from bullpen.bench.stages import Stage
-from tests.conftest import PG_ADMIN_URL
+from tests.support.postgres import PG_ADMIN_URL
 
 STAGES = [Stage(1.5, 6, "ramp"), Stage(3.0, 6, "hold"), Stage(0.5, 0, "down")]
 

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from bullpen.app import open_store
 from bullpen.settings import Settings
 from bullpen.store.tables import cost_events
-from tests.acceptance.processes import bootstrap_key, bullpen_up, free_port, process_env
+from tests.support.processes import bootstrap_key, bullpen_up, free_port, process_env
 
 # Slow enough that the stream outlasts the 5 s of graceful shutdown (100 s at 5 tokens a second).
 SLOW = {

@@ -39,12 +39,12 @@ from bullpen.settings import Settings
 from bullpen.simulator.provider import SimConfig, SimulatedProvider
 from bullpen.store.base import Store
 from bullpen.store.tables import run_events, runs, tasks
-from tests.acceptance.processes import bullpen_up, free_port, process_env
-from tests.conftest import RunningServer
-from tests.faults.cluster import workers
+from tests.support.cluster import workers
+from tests.support.processes import bullpen_up, free_port, process_env
+from tests.support.redis_server import REDIS_URL
+from tests.support.servers import RunningServer
 
 PROMPT = "Summarise the quarterly report and list the open risks"
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 # A slowish provider: each run streams for about a second, so drops land while it is live.
 SIM = {"sim_ttft_ms": 150.0, "sim_tokens_per_second": 30.0, "sim_response_tokens": 30}

@@ -15,15 +15,9 @@ from bullpen.app import open_store, utcnow
 from bullpen.security.secrets import load_secret
 from bullpen.services.bootstrap import ensure_bootstrap
 from bullpen.settings import Settings
-from tests.conftest import BACKENDS, FAST_SIM, RunningServer, _admin, _db_url, start_server
-
-MATRIX_SETTINGS: dict[str, Any] = {
-    "worker_enabled": False,  # objects keep the state the matrix expects (queued, failed)
-    "rate_limit_key_rps": 1e6,
-    "rate_limit_key_burst": 1_000_000,
-    "rate_limit_workspace_rps": 1e6,
-    "rate_limit_workspace_burst": 1_000_000,
-}
+from tests.support.postgres import admin, db_url
+from tests.support.servers import BACKENDS, FAST_SIM, RunningServer, start_server
+from tests.support.world import MATRIX_SETTINGS
 
 
 @pytest_asyncio.fixture(scope="module", params=BACKENDS, loop_scope="module")
@@ -41,8 +35,8 @@ async def matrix_server(
     if request.param == "postgres":
         template = request.getfixturevalue("pg_template")
         name = f"bullpen_m_{uuid.uuid4().hex[:12]}"
-        await _admin(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-        base["database_url"] = _db_url(name)
+        await admin(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        base["database_url"] = db_url(name)
     settings = Settings(**base)
     try:
         async with open_store(settings) as st:
@@ -57,7 +51,7 @@ async def matrix_server(
             await asyncio.wait_for(task, 15)
     finally:
         if name is not None:
-            await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -22,8 +22,8 @@ import pytest
 import pytest_asyncio
 
 from bullpen.api.deps import SESSION_COOKIE
-from tests.conftest import RunningServer
-from tests.integration.test_sessions import HIDDEN
+from tests.support.login import HIDDEN
+from tests.support.servers import RunningServer
 
 PASSWORD = "correct horse battery staple"
 PROMPT = "Analyze this dataset and extract key metrics"

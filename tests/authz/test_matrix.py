@@ -26,8 +26,8 @@ import sqlalchemy as sa
 from bullpen.api.app import API_ROUTERS
 from bullpen.api.deps import access_of
 from bullpen.store.tables import audit_events
-from tests.authz.world import Tenant, drop_tenant, fingerprint, is_user, seed_tenant
-from tests.conftest import RunningServer
+from tests.support.servers import RunningServer
+from tests.support.world import Tenant, drop_tenant, fingerprint, is_user, seed_tenant
 
 MATRIX = tomllib.loads((Path(__file__).parent / "matrix.toml").read_text())["route"]
 SUBJECTS = [

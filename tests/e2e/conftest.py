@@ -2,35 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, BrowserContext, ConsoleMessage, Page, async_playwright
-from playwright.async_api import Error as PlaywrightError
+from playwright.async_api import Browser, BrowserContext, Page, async_playwright
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-# Short enough that a broken page fails fast, long enough for a loaded CI machine.
-TIMEOUT_MS = 10_000
-
-# Records every CSP violation the page reports, including ones Chromium does not log.
-_CSP_PROBE = """
-window.__cspViolations = [];
-document.addEventListener("securitypolicyviolation", (e) => {
-  window.__cspViolations.push(e.violatedDirective + " " + (e.blockedURI || "inline"));
-});
-"""
+from tests.support.browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    CSP_PROBE,
+    TIMEOUT_MS,
+    ContextFactory,
+    PageErrors,
+)
 
 
 @pytest.fixture
@@ -44,9 +29,6 @@ async def browser() -> AsyncIterator[Browser]:
             await launched.close()
 
 
-ContextFactory = Callable[[], Awaitable[BrowserContext]]
-
-
 @pytest.fixture
 async def new_context(browser: Browser, server: Any) -> AsyncIterator[ContextFactory]:
     """Opens fresh cookie jars pointed at the test's server; all closed at teardown."""
@@ -56,7 +38,7 @@ async def new_context(browser: Browser, server: Any) -> AsyncIterator[ContextFac
         ctx = await browser.new_context(base_url=server.base_url)
         opened.append(ctx)
         ctx.set_default_timeout(TIMEOUT_MS)
-        await ctx.add_init_script(_CSP_PROBE)
+        await ctx.add_init_script(CSP_PROBE)
         return ctx
 
     try:
@@ -70,23 +52,6 @@ async def new_context(browser: Browser, server: Any) -> AsyncIterator[ContextFac
 async def context(new_context: ContextFactory) -> BrowserContext:
     """The test's main cookie jar."""
     return await new_context()
-
-
-@dataclass
-class PageErrors:
-    """What went wrong inside the page: console errors and uncaught exceptions."""
-
-    console: list[str] = field(default_factory=list)
-    uncaught: list[str] = field(default_factory=list)
-
-    def on_console(self, message: ConsoleMessage) -> None:
-        """Keep console messages of type error."""
-        if message.type == "error":
-            self.console.append(f"{message.text} ({message.location.get('url', '')})")
-
-    def on_pageerror(self, error: PlaywrightError) -> None:
-        """Keep uncaught exceptions."""
-        self.uncaught.append(str(error))
 
 
 @pytest.fixture

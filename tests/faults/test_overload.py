@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 
 from bullpen.bench.spawn import spawn_server
-from tests.conftest import PG_ADMIN_URL
+from tests.support.postgres import PG_ADMIN_URL
 
 pytestmark = pytest.mark.timeout(240)
 BOUND = 60

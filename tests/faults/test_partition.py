@@ -15,9 +15,9 @@ from collections.abc import Callable
 import pytest
 
 from bullpen.settings import Settings
-from tests.faults.cluster import bootstrap, enqueue, ledger, open_store, wait_terminal, worker_env
-from tests.faults.cluster import workers as worker_pool
-from tests.faults.proxy import FaultProxy, Mode
+from tests.support.cluster import bootstrap, enqueue, ledger, open_store, wait_terminal, worker_env
+from tests.support.cluster import workers as worker_pool
+from tests.support.proxy import FaultProxy, Mode
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.parametrize("backend", ["postgres"])]
 LEASE_S = 2.0

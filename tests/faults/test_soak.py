@@ -33,7 +33,7 @@ import pytest
 from bullpen.bench.loadgen import run_load
 from bullpen.bench.spawn import spawn_server
 from bullpen.bench.stages import Stage
-from tests.conftest import PG_ADMIN_URL
+from tests.support.postgres import PG_ADMIN_URL
 
 SOAK_S = float(os.environ.get("BULLPEN_SOAK_S", "0"))
 RSS_SLOPE_MB_PER_H = 30.0

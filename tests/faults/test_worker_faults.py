@@ -25,8 +25,7 @@ from bullpen.settings import Settings
 from bullpen.store.base import Store
 from bullpen.store.engine import create_store
 from bullpen.store.tables import runs, tasks
-from tests.acceptance.processes import bullpen_up, free_port
-from tests.faults.cluster import (
+from tests.support.cluster import (
     bootstrap,
     enqueue,
     ledger,
@@ -35,7 +34,8 @@ from tests.faults.cluster import (
     worker_env,
     workers,
 )
-from tests.faults.queueload import noisy_neighbour, second_workspace
+from tests.support.processes import bullpen_up, free_port
+from tests.support.queueload import noisy_neighbour, second_workspace
 
 pytestmark = pytest.mark.timeout(300)
 POSTGRES = pytest.mark.parametrize("backend", ["postgres"])  # faults of several processes

@@ -1,0 +1,251 @@
+"""One contract suite for the store, run unchanged against SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from bullpen.domain import tokens
+from bullpen.domain.events import EventKind, RunEvent
+from bullpen.domain.principal import Role
+from bullpen.domain.runs import RunOutcome
+from bullpen.domain.status import RunStatus
+from bullpen.store import agents as agent_store
+from bullpen.store import claims as claim_store
+from bullpen.store import events as event_store
+from bullpen.store import identity
+from bullpen.store import runs as run_store
+from bullpen.store import tasks as task_store
+from bullpen.store.base import Store
+from bullpen.store.tables import agents, audit_events, metadata, runs, tasks, workspaces
+from tests.support.seed import NOW, insert_task, member_with_key, new_task, workspace_with_agent
+
+LEASE = timedelta(seconds=30)
+
+
+def _done(text: str = "ok") -> RunOutcome:
+    return RunOutcome(RunStatus.DONE, text, None, NOW, 1.0, "simulated", "sim-1", 1, 2)
+
+
+# Alembic cannot compare an index with a DESC column (it reads as an expression); that one is
+# checked by name and definition below instead.
+_EXPRESSION_INDEXES = {"ix_runs_queue_head"}
+
+
+def _compared(obj: object, name: str | None, type_: str, reflected: bool, other: object) -> bool:
+    return not (type_ == "index" and name in _EXPRESSION_INDEXES)
+
+
+async def test_migrations_match_the_tables(store: Store) -> None:
+    def diff(sync_conn: sa.Connection) -> list[object]:
+        context = MigrationContext.configure(sync_conn, opts={"include_object": _compared})
+        return list(compare_metadata(context, metadata))
+
+    def queue_head(sync_conn: sa.Connection) -> str:
+        if sync_conn.dialect.name == "postgresql":
+            query = "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_runs_queue_head'"
+        else:
+            query = "SELECT sql FROM sqlite_master WHERE name = 'ix_runs_queue_head'"
+        return str(sync_conn.exec_driver_sql(query).scalar_one())
+
+    async with store.read() as conn:
+        assert await conn.run_sync(diff) == []
+        definition = " ".join((await conn.run_sync(queue_head)).replace('"', "").split())
+    assert "(status, workspace_id, priority DESC, queued_at, id)" in definition, definition
+
+
+async def test_task_numbers_count_per_workspace(store: Store) -> None:
+    ws1, a1 = await workspace_with_agent(store, "w1")
+    ws2, a2 = await workspace_with_agent(store, "w2")
+    ids = [
+        await new_task(store, ws1, a1),
+        await new_task(store, ws1, a1),
+        await new_task(store, ws2, a2),
+    ]
+    async with store.read() as conn:
+        numbers = [
+            (await task_store.get_task(conn, ws, t)).number
+            for ws, (t, _) in zip([ws1, ws1, ws2], ids, strict=True)
+        ]
+    assert numbers == [1, 2, 1]
+
+
+async def test_concurrent_task_creation_gets_distinct_numbers(store: Store) -> None:
+    ws, agent = await workspace_with_agent(store)
+    await asyncio.gather(*(new_task(store, ws, agent) for _ in range(20)))
+    async with store.read() as conn:
+        numbers = sorted((await conn.execute(sa.select(tasks.c.number))).scalars())
+    assert numbers == list(range(1, 21))
+
+
+async def test_another_workspace_cannot_read_a_task_or_agent(store: Store) -> None:
+    ws1, a1 = await workspace_with_agent(store, "w1")
+    ws2, _ = await workspace_with_agent(store, "w2")
+    task_id, _ = await new_task(store, ws1, a1)
+    async with store.read() as conn:
+        assert await task_store.get_task(conn, ws1, task_id) is not None
+        assert await task_store.get_task(conn, ws2, task_id) is None
+        assert await agent_store.get_agent(conn, ws2, a1) is None
+
+
+async def test_claim_takes_oldest_first_and_marks_task_running(store: Store) -> None:
+    ws, agent = await workspace_with_agent(store)
+    older, _ = await new_task(store, ws, agent, NOW)
+    await new_task(store, ws, agent, NOW + timedelta(seconds=1))
+    async with store.write() as conn:
+        claimed = await claim_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)
+    assert [c.task_id for c in claimed] == [older]
+    assert claimed[0].attempt == 1 and claimed[0].agent_adapter == "llm"
+    async with store.read() as conn:
+        status = (
+            await conn.execute(sa.select(tasks.c.status).where(tasks.c.id == older))
+        ).scalar_one()
+    assert status == "running"
+
+
+async def test_concurrent_claimers_never_share_a_run(store: Store) -> None:
+    ws, agent = await workspace_with_agent(store)
+    async with store.write() as conn:  # above the 40 queued, so only the claimers compete
+        await conn.execute(agents.update().values(max_concurrent_runs=100))
+    for _ in range(40):
+        await new_task(store, ws, agent)
+
+    async def claimer(name: str) -> list[uuid.UUID]:
+        got: list[uuid.UUID] = []
+        while True:
+            async with store.write() as conn:
+                batch = await claim_store.claim(conn, owner=name, limit=3, now=NOW, lease=LEASE)
+            if not batch:
+                return got
+            got.extend(c.id for c in batch)
+
+    results = await asyncio.gather(*(claimer(f"w{i}") for i in range(4)))
+    claimed = [rid for r in results for rid in r]
+    assert len(claimed) == 40 and len(set(claimed)) == 40
+
+
+async def test_finish_is_fenced_by_attempt_and_state(store: Store) -> None:
+    ws, agent = await workspace_with_agent(store)
+    task_id, run_id = await new_task(store, ws, agent)
+    async with store.write() as conn:
+        (claimed,) = await claim_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)
+    async with store.write() as conn:
+        assert not await run_store.finish(
+            conn, run_id=run_id, attempt=claimed.attempt + 1, outcome=_done(), now=NOW
+        )
+        assert await run_store.finish(
+            conn, run_id=run_id, attempt=claimed.attempt, outcome=_done("result"), now=NOW
+        )
+    async with store.write() as conn:  # a second finish of the same attempt is refused too
+        assert not await run_store.finish(
+            conn, run_id=run_id, attempt=claimed.attempt, outcome=_done("again"), now=NOW
+        )
+    async with store.read() as conn:
+        task = await task_store.get_task(conn, ws, task_id)
+        run = await run_store.get_run(conn, ws, run_id)
+    assert (task.status, task.result) == ("done", "result")
+    assert (run.status, run.provider, run.output_tokens) == ("done", "simulated", 2)
+
+
+async def test_events_are_unique_per_seq_and_read_in_order(store: Store) -> None:
+    ws, agent = await workspace_with_agent(store)
+    task_id, run_id = await new_task(store, ws, agent)
+    evs = [RunEvent(run_id, task_id, seq, EventKind.TEXT, {"text": str(seq)}) for seq in (3, 1, 2)]
+    async with store.write() as conn:
+        await event_store.append(conn, evs, [ws] * 3, NOW)
+    async with store.read() as conn:
+        got = await event_store.after(conn, run_id=run_id, after_seq=1, limit=10)
+        assert await event_store.last_seq(conn, run_id) == 3
+        assert await event_store.task_run_ids(conn, task_id) == [run_id]
+    assert [e.seq for e in got] == [2, 3] and got[0].data == {"text": "2"}
+    with pytest.raises(sa.exc.IntegrityError):
+        async with store.write() as conn:
+            await event_store.append(conn, evs[:1], [ws], NOW)
+
+
+async def test_api_key_lookup_by_digest_respects_owner_state(store: Store) -> None:
+    ws, _ = await workspace_with_agent(store)
+    secret = b"s" * 32
+    async with store.write() as conn:
+        key_id, key = await member_with_key(
+            conn, ws, role=Role.VIEWER, secret=secret, email="a@x.io", now=NOW
+        )
+    async with store.read() as conn:
+        record = await identity.find_api_key(conn, tokens.digest(secret, key))
+        assert await identity.find_api_key(conn, tokens.digest(secret, key + "x")) is None
+    assert record is not None and record.id == key_id and record.role is Role.VIEWER
+    async with store.write() as conn:
+        await conn.execute(sa.text("UPDATE users SET disabled_at = created_at"))
+    async with store.read() as conn:
+        assert await identity.find_api_key(conn, tokens.digest(secret, key)) is None
+
+
+async def test_a_failed_transaction_leaves_nothing_behind(store: Store) -> None:
+    ws, agent = await workspace_with_agent(store)
+    with pytest.raises(RuntimeError):
+        async with store.write() as conn:
+            await insert_task(conn, ws, agent, NOW)
+            raise RuntimeError("boom")
+    async with store.read() as conn:
+        counts = [
+            (await conn.execute(sa.select(sa.func.count()).select_from(t))).scalar_one()
+            for t in (tasks, runs, audit_events)
+        ]
+    assert counts == [0, 0, 0]
+
+
+async def test_unreachable_database_maps_to_unavailable(store: Store) -> None:
+    from bullpen.errors import Unavailable
+
+    await store.close()
+    store.engine.pool._creator = _refuse  # type: ignore[attr-defined]  # simulate an outage
+    with pytest.raises(Unavailable):
+        async with store.read() as conn:
+            await conn.execute(sa.text("SELECT 1"))
+
+
+def _refuse(*_a: object, **_k: object) -> object:
+    raise ConnectionRefusedError("database is down")
+
+
+@pytest.mark.parametrize("status", [RunStatus.FAILED, RunStatus.CANCELLED])
+async def test_terminal_outcomes_reach_the_task(store: Store, status: RunStatus) -> None:
+    ws, agent = await workspace_with_agent(store)
+    task_id, run_id = await new_task(store, ws, agent)
+    async with store.write() as conn:
+        (c,) = await claim_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)
+        outcome = RunOutcome(status, None, "why", None, None, None, None, None, None)
+        assert await run_store.finish(
+            conn, run_id=run_id, attempt=c.attempt, outcome=outcome, now=NOW
+        )
+    async with store.read() as conn:
+        task = await task_store.get_task(conn, ws, task_id)
+    assert (task.status, task.error) == (status.value, "why")
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+@pytest.mark.with_settings(db_idle_transaction_timeout_s=0.5)
+async def test_a_session_paused_inside_a_transaction_lets_go_of_its_locks(store: Store) -> None:
+    """A process paused mid-transaction (here: one that stops sending) does not keep its row
+    locks: PostgreSQL ends the session, and another connection can lock the row."""
+    ws, _ = await workspace_with_agent(store)
+    lock = sa.select(workspaces.c.id).where(workspaces.c.id == ws).with_for_update()
+    assert isinstance(store.engine, AsyncEngine)
+    paused = await store.engine.connect()
+    try:
+        await paused.begin()
+        await paused.execute(lock)
+        await asyncio.sleep(2.0)  # idle inside the transaction, past the timeout
+        async with store.engine.begin() as other:
+            assert await other.scalar(lock.with_for_update(nowait=True)) == ws
+        with pytest.raises(sa.exc.DBAPIError):
+            await paused.execute(lock)  # its session was ended
+    finally:
+        await paused.close()

@@ -1,0 +1,103 @@
+"""The queue seen through the API: backlog bound, retries of transient failures, dead letters,
+cancellation reaching a worker in another process."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import aiohttp
+import pytest
+import sqlalchemy as sa
+
+from bullpen.app import build
+from bullpen.store.tables import agents, runs, tasks
+from tests.support.db import count
+from tests.support.http import call, problem
+from tests.support.servers import RunningServer
+from tests.support.sse import read_events
+from tests.support.tasks import new_task, wait_status
+
+
+@pytest.mark.with_settings(worker_enabled=False, queue_max_backlog=3)
+async def test_beyond_the_backlog_creates_answer_429_and_create_nothing(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    for _ in range(3):
+        await new_task(http, server)
+    body = {"prompt": "one task too many here", "agent_id": str(server.boot.agent_id)}
+    reply = await call(http, server, "POST", "/api/v1/tasks", body=body)
+    refused = problem(reply, 429)
+    assert refused["type"].endswith("/rate-limited") and "3 runs waiting" in refused["detail"]
+    assert reply.headers["Retry-After"] == "5"
+    assert await count(server, tasks) == 3 and await count(server, runs) == 3
+
+
+# The provider is a closed port: every call fails to connect, a transient failure.
+@pytest.mark.with_settings(
+    sim_url="http://127.0.0.1:9/v1", max_attempts=3, retry_backoff_s=0.05, retry_backoff_max_s=0.1
+)
+async def test_a_transient_failure_is_retried_then_dead_lettered(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    task = await new_task(http, server)
+    done = await wait_status(http, server, task["id"], "failed")
+    run = done["run"]
+    assert (run["status"], run["attempt"], run["failures"]) == ("failed", 3, 3)
+    assert run["error"].startswith("dead-lettered after 3 failed attempts; last: provider")
+    assert "could not be reached" in run["error"]
+    events = await read_events(
+        http, f"{server.base_url}/api/v1/tasks/{task['id']}/events", server.auth
+    )
+    markers = [e.data["attempt"] for e in events if e.event == "status" and "attempt" in e.data]
+    assert markers == [1, 2, 3]
+    assert events[-1].event == "end" and events[-1].data["status"] == "failed"
+
+
+async def test_a_permanent_failure_is_not_retried(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    async with server.services.store.write() as conn:
+        await conn.execute(agents.update().values(config={"provider": "simulated"}))  # no model
+    task = await new_task(http, server)
+    run = (await wait_status(http, server, task["id"], "failed"))["run"]
+    assert (run["attempt"], run["failures"]) == (1, 0)
+    assert "needs a string 'model'" in run["error"]
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+@pytest.mark.with_settings(worker_enabled=False, sim_ttft_ms=30_000.0, cancel_poll_s=0.5)
+async def test_cancel_reaches_a_worker_in_another_process_within_a_second(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    """The API process has no worker; the run executes in another one (its own Services)."""
+    elsewhere = server.settings.model_copy(update={"worker_enabled": True})
+    async with build(elsewhere) as other:
+        assert other.worker is not None
+        task = await new_task(http, server)
+        await wait_status(http, server, task["id"], "running")
+        started = time.monotonic()
+        reply = await call(http, server, "POST", f"/api/v1/tasks/{task['id']}/cancel")
+        took = time.monotonic() - started
+        assert reply.status == 200, reply.text
+        assert reply.body["status"] == "cancelled" and reply.body["run"]["status"] == "cancelled"
+        assert took < 1.5, took
+        assert other.worker.inflight == 0
+    async with server.services.store.read() as conn:
+        row = (
+            await conn.execute(sa.select(runs).where(runs.c.task_id == uuid.UUID(task["id"])))
+        ).one()
+    assert row.cancel_requested_at is not None and row.error == "cancelled on request"
+
+
+@pytest.mark.with_settings(worker_concurrency=2, worker_reserved_slots=1, poll_interval_s=30.0)
+async def test_a_run_ending_frees_its_workspaces_room_at_once(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    """One workspace may use one of the two slots; each run's end claims the next without
+    waiting for the (here 30 s) poll."""
+    created = [await new_task(http, server) for _ in range(3)]
+    started = time.monotonic()
+    for task in created:
+        await wait_status(http, server, task["id"], "done")
+    assert time.monotonic() - started < 10

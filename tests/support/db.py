@@ -1,0 +1,35 @@
+"""Reading a running server's database in tests: rows, counts and audit events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from bullpen.store.tables import audit_events
+from tests.support.servers import RunningServer
+
+
+async def rows(server: RunningServer, query: Any) -> list[Any]:
+    """Every row the query selects."""
+    async with server.services.store.read() as conn:
+        return list(await conn.execute(query))
+
+
+async def count(server: RunningServer, table: sa.Table, *where: Any) -> int:
+    """How many rows of `table` match every `where` clause."""
+    query = sa.select(sa.func.count()).select_from(table)
+    if where:
+        query = query.where(*where)
+    async with server.services.store.read() as conn:
+        return int((await conn.execute(query)).scalar_one())
+
+
+async def audits(server: RunningServer, action: str) -> list[Any]:
+    """The audit events with this action, oldest first."""
+    return await rows(
+        server,
+        sa.select(audit_events)
+        .where(audit_events.c.action == action)
+        .order_by(audit_events.c.created_at),
+    )

@@ -1,0 +1,71 @@
+"""A Bullpen server on a real socket in the test's event loop, and the settings tests give it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import uvicorn
+
+from bullpen.api.app import create_app
+from bullpen.api.edge import server_config
+from bullpen.app import Services
+from bullpen.services.bootstrap import Bootstrap
+from bullpen.settings import Settings
+
+BACKENDS = ["sqlite", "postgres"]
+
+# Fast simulator settings for tests: behaviour, not speed, is under test here.
+FAST_SIM = {"sim_ttft_ms": 20.0, "sim_tokens_per_second": 2000.0, "sim_response_tokens": 24}
+
+
+def marked_settings(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The Settings fields a test's `with_settings(...)` marker changes (validated)."""
+    marker = request.node.get_closest_marker("with_settings")
+    if marker is None:
+        return {}
+    unknown = set(marker.kwargs) - set(Settings.model_fields)
+    if unknown:
+        raise pytest.UsageError(f"with_settings: unknown Settings fields {sorted(unknown)}")
+    return dict(marker.kwargs)
+
+
+@dataclass
+class RunningServer:
+    """A Bullpen server on a real socket in this event loop."""
+
+    base_url: str
+    services: Services
+    boot: Bootstrap
+    settings: Settings
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """Headers that authenticate as the bootstrap admin's key."""
+        return {"Authorization": f"Bearer {self.boot.api_key}"}
+
+
+async def start_server(settings: Settings) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
+    """Serve create_app(settings) on an ephemeral port; returns (server, task, base URL)."""
+    config = server_config(
+        create_app(settings),
+        settings,
+        host="127.0.0.1",
+        port=0,
+        lifespan="on",
+        timeout_graceful_shutdown=2,
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    for _ in range(500):
+        if server.started:
+            break
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    else:
+        raise RuntimeError("server did not start")
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return server, task, f"http://127.0.0.1:{port}"

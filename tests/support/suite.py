@@ -1,0 +1,123 @@
+"""How the suite is split: tier markers, tests that need PostgreSQL, the serial phase, and the
+slowest tests that start first. Applied by the root conftest's collection hook; see
+docs/testing.md ("Running the tests").
+
+Entries name tests by their path under tests/ and, after `::`, a test function's name (every
+parametrization of it); a path alone names every test in that file. A unit test
+(tests/unit/test_suite_layout.py) checks that every entry still names a test that exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent.parent
+
+# The first folder under tests/ is a test's tier, and its marker.
+TIERS = {
+    "unit": "pure code, no socket, no database",
+    "contract": "one contract suite run unchanged against every backend or transport",
+    "integration": "real servers, databases and sockets in the test's process",
+    "acceptance": "real `bullpen` processes, driven as a user would",
+    "authz": "the authorization matrix and the API world",
+    "fuzz": "schemathesis against the OpenAPI document",
+    "faults": "killed, paused and cut-off processes, overload and soak",
+    "e2e": "the web UI and the docs in a real Chromium",
+    "bench": "the bench tooling",
+}
+
+# Tests that measure time, memory or latency (an upper bound on how long something takes, a
+# memory, RSS or descriptor bound, a throughput window) or that stop PostgreSQL itself. They run
+# in the serial phase, alone on the machine, after the parallel one: under four workers on two
+# cores a 100 ms bound measures the neighbours, not the code.
+SERIAL = (
+    "faults",  # SIGKILL storms, PostgreSQL stopped and started, overload, soak
+    "integration/streams/test_sse_churn.py",  # memory, descriptors, tasks flat over 20,000 cycles
+    "integration/security/test_login_burst.py",  # RSS and /healthz latency during 300 sign-ins
+    "integration/security/test_login_throttle.py::test_unknown_email_costs_the_same_time_as_a_wrong_password",
+    # Reads PostgreSQL's task change log at once after a commit: the log shows only what ended
+    # before the oldest write transaction still running on the whole server (pg_snapshot_xmin
+    # is cluster-wide), so any other worker's open transaction holds the read back.
+    "integration/store/test_task_changes.py",
+    "integration/gateway/test_gateway_faults.py::test_failures_before_content_fall_back",  # < 1 s
+    "integration/gateway/test_gateway_ledger.py::test_rows_arriving_during_a_commit_are_committed_next_not_later",
+    "integration/gateway/test_gateway_ledger.py::test_rows_of_calls_ending_within_the_linger_commit_together",
+    "integration/gateway/test_gateway_ledger.py::test_the_apps_ledger_lingers_as_configured",
+    "integration/api/test_api_task_actions.py::test_cancel_a_running_task_stops_it_within_a_second",
+    "integration/queue/test_queue_api.py::test_cancel_reaches_a_worker_in_another_process_within_a_second",
+    "integration/gateway/test_simprovider.py::test_client_disconnect_mid_stream_leaves_the_server_serving",
+    "integration/gateway/test_simprovider.py::test_first_token_waits_for_ttft_and_tokens_follow_the_rate",
+    "integration/gateway/test_simprovider.py::test_hang_sends_sse_headers_then_nothing_and_frees_the_server",
+    "integration/agents/test_process_agent.py::test_text_streams_without_waiting_for_a_newline_and_cancel_ends_the_group",
+    "integration/agents/test_process_agent.py::test_a_large_context_the_command_never_reads_does_not_block",
+    "integration/agents/test_process_agent.py::test_a_timeout_ends_the_whole_group",
+    "integration/agents/test_process_agent.py::test_a_group_that_ignores_sigterm_gets_sigkill_after_the_grace",
+    "integration/agents/test_process_agent.py::test_what_a_successful_command_leaves_running_is_killed",
+    "integration/agents/test_process_agent.py::test_a_process_that_left_the_group_cannot_hold_the_run",
+    "integration/agents/test_process_agent.py::test_an_events_sink_that_fails_ends_the_run_with_its_error",
+    "e2e/test_ui.py::test_task_streams_into_its_page",  # the page sees the stream live
+    "bench/test_loadgen.py",  # wall time and completion time windows
+    "bench/test_streamsbench.py",  # tokens per second within a window
+    "bench/test_relaybench.py",  # first content within 15 ms; the scenario's timings
+)
+
+# Tests that need the PostgreSQL server without a `postgres` parameter saying so.
+POSTGRES = (
+    "faults/test_partition.py",
+    "faults/test_soak.py",
+    "bench/test_relaybench.py::test_the_relay_scenario_measures_direct_hop_and_relayed_streams",
+)
+
+# The longest tests of the parallel phase, started first so that none begins near the end.
+SLOWEST_FIRST = ("fuzz/test_fuzz.py",)
+
+
+def _rel(item: pytest.Item) -> str:
+    return item.path.resolve().relative_to(TESTS).as_posix()
+
+
+def _matches(item: pytest.Item, entries: Iterable[str]) -> int | None:
+    """The index of the first entry naming `item`, if any."""
+    rel = _rel(item)
+    name = f"{rel}::{getattr(item, 'originalname', item.name)}"
+    for i, entry in enumerate(entries):
+        if name == entry or rel == entry or rel.startswith(entry.rstrip("/") + "/"):
+            return i
+    return None
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The tier marker of a test: the first folder under tests/."""
+    first = _rel(item).split("/", 1)[0]
+    if first not in TIERS:
+        raise pytest.UsageError(
+            f"{item.nodeid}: a test lives in a tier folder, one of {sorted(TIERS)}"
+        )
+    return first
+
+
+def needs_postgres(item: pytest.Item) -> bool:
+    """Whether a test needs the PostgreSQL server: a parameter (backend, bus, wire ...) says
+    `postgres`, it asks for the template database, or it is listed in POSTGRES."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "postgres" in callspec.params.values():
+        return True
+    if {"pg_template", "pg_available"} & set(getattr(item, "fixturenames", ())):
+        return True
+    return _matches(item, POSTGRES) is not None
+
+
+def mark(items: list[pytest.Item]) -> None:
+    """Add each test's tier marker, and `postgres` and `serial` where they apply; then put the
+    slowest tests first (the order of everything else is kept)."""
+    for item in items:
+        item.add_marker(tier_of(item))
+        if needs_postgres(item):
+            item.add_marker("postgres")
+        if _matches(item, SERIAL) is not None:
+            item.add_marker("serial")
+    first = {id(item): _matches(item, SLOWEST_FIRST) for item in items}
+    items.sort(key=lambda item: (first[id(item)] is None, first[id(item)] or 0))
