@@ -62,6 +62,9 @@ SERIAL = (
     "integration/agents/test_process_agent.py::test_a_process_that_left_the_group_cannot_hold_the_run",
     "integration/agents/test_process_agent.py::test_an_events_sink_that_fails_ends_the_run_with_its_error",
     "e2e/test_ui.py::test_task_streams_into_its_page",  # the page sees the stream live
+    # Some text must reach the run before the answer passes 64 KiB: under load the client's
+    # first read can hold the whole 100 KB, and then no text came first.
+    "integration/agents/test_http_agent.py::test_an_answer_over_its_limit_fails_the_run",
     "bench/test_loadgen.py",  # wall time and completion time windows
     "bench/test_streamsbench.py",  # tokens per second within a window
     "bench/test_relaybench.py",  # first content within 15 ms; the scenario's timings
