@@ -10,6 +10,7 @@ domain's `StrEnum`s, so they compare, print and serialise as the stored strings.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -22,11 +23,12 @@ from bullpen.domain.status import RunStatus, TaskStatus
 
 
 @cache
+@functools.cache
 def _names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))
+    return tuple(f.name for f in fields(cls))  # once per record type, not once per row
 
 
-def _pick(cls: type, values: Mapping[Any, Any]) -> dict[str, Any]:
+def pick(cls: type, values: Mapping[Any, Any]) -> dict[str, Any]:
     """The record's fields from `values` (a row's mapping may carry more columns)."""
     return {name: values[name] for name in _names(cls)}
 
@@ -61,7 +63,7 @@ class TaskRecord:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping (or a dict of the same names)."""
-        picked = _pick(cls, values)
+        picked = pick(cls, values)
         picked["status"] = TaskStatus(picked["status"])
         return cls(**picked)
 
@@ -99,7 +101,7 @@ class RunRecord:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        picked = _pick(cls, values)
+        picked = pick(cls, values)
         picked["status"] = RunStatus(picked["status"])
         return cls(**picked)
 
@@ -123,7 +125,7 @@ class AgentRecord:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        picked = _pick(cls, values)
+        picked = pick(cls, values)
         picked["status"] = AgentStatus(picked["status"])
         return cls(**picked)
 
@@ -144,7 +146,7 @@ class CommentRecord:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        return cls(**_pick(cls, values))
+        return cls(**pick(cls, values))
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +166,7 @@ class TaskLink:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        picked = _pick(cls, values)
+        picked = pick(cls, values)
         picked["status"] = TaskStatus(picked["status"])
         return cls(**picked)
 
@@ -179,7 +181,7 @@ class OpenDescendant:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        return cls(**_pick(cls, values))
+        return cls(**pick(cls, values))
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +211,7 @@ class RoutineRecord:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        return cls(**_pick(cls, values))
+        return cls(**pick(cls, values))
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +230,7 @@ class RoutineFireRecord:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        return cls(**_pick(cls, values))
+        return cls(**pick(cls, values))
 
 
 # A task with its latest run (None: it has had none, e.g. while blocked).

@@ -13,7 +13,7 @@ from typing import Any, Self
 from uuid import UUID
 
 from bullpen.domain.principal import Role
-from bullpen.domain.records import _pick
+from bullpen.domain.records import pick
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ class UserRecord:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        picked = _pick(cls, values)
+        picked = pick(cls, values)
         picked["is_instance_admin"] = bool(picked["is_instance_admin"])
         return cls(**picked)
 
@@ -45,7 +45,7 @@ class UserLogin:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        return cls(**_pick(cls, values))
+        return cls(**pick(cls, values))
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +62,7 @@ class WorkspaceRecord:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        return cls(**_pick(cls, values))
+        return cls(**pick(cls, values))
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +78,7 @@ class MemberRecord:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        picked = _pick(cls, values)
+        picked = pick(cls, values)
         picked["role"] = Role(picked["role"])
         return cls(**picked)
 
@@ -96,7 +96,7 @@ class MembershipRecord:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        picked = _pick(cls, values)
+        picked = pick(cls, values)
         picked["role"] = Role(picked["role"])
         return cls(**picked)
 
@@ -120,7 +120,7 @@ class ApiKeyRecord:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        picked = _pick(cls, values)
+        picked = pick(cls, values)
         picked["scopes"] = list(picked["scopes"])
         return cls(**picked)
 
@@ -136,7 +136,7 @@ class RevokedKey:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        return cls(**_pick(cls, values))
+        return cls(**pick(cls, values))
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +157,7 @@ class InvitationRecord:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping (with or without the workspace's columns)."""
-        picked = _pick(cls, {**dict.fromkeys(_JOINED), **values})
+        picked = pick(cls, {**dict.fromkeys(_JOINED), **values})
         picked["role"] = Role(picked["role"])
         return cls(**picked)
 

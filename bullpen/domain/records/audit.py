@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any, Self
 from uuid import UUID
 
-from bullpen.domain.records import _pick
+from bullpen.domain.records import pick
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +28,7 @@ class AuditEventRecord:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        return cls(**_pick(cls, values))
+        return cls(**pick(cls, values))
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,7 @@ class IdempotencyRecord:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        picked = _pick(cls, values)
+        picked = pick(cls, values)
         picked["fingerprint"] = bytes(picked["fingerprint"])
         picked["body"] = bytes(picked["body"])
         return cls(**picked)

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any, Self
 from uuid import UUID
 
-from bullpen.domain.records import _pick
+from bullpen.domain.records import pick
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +33,7 @@ class ProviderRecord:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        picked = _pick(cls, values)
+        picked = pick(cls, values)
         sealed = picked["api_key_ciphertext"]
         picked["api_key_ciphertext"] = bytes(sealed) if sealed is not None else None
         return cls(**picked)
@@ -53,4 +53,4 @@ class RouteRecord:
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
         """Build from a row's mapping."""
-        return cls(**_pick(cls, values))
+        return cls(**pick(cls, values))
