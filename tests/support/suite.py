@@ -34,7 +34,16 @@ TIERS = {
 # in the serial phase, alone on the machine, after the parallel one: under four workers on two
 # cores a 100 ms bound measures the neighbours, not the code.
 SERIAL = (
-    "faults",  # SIGKILL storms, PostgreSQL stopped and started, overload, soak
+    # PostgreSQL stopped and started, partitions, overload shed within bounds, the soak. The
+    # SIGKILL storms, the poison run and the paused worker prove what is lost or written, not
+    # how soon: they run in the parallel phase, mostly waiting on their workers.
+    "faults/test_overload.py",
+    "faults/test_partition.py",
+    "faults/test_soak.py",
+    "faults/test_worker_faults.py::test_sigterm_lets_inflight_runs_finish_then_exits_0",
+    "faults/test_worker_faults.py::test_sigterm_past_the_grace_releases_runs_to_another_worker",
+    "faults/test_worker_faults.py::test_a_noisy_neighbour_does_not_stretch_another_workspaces_wait",
+    "faults/test_worker_faults.py::test_postgres_restarts_under_load_lose_nothing",
     "integration/streams/test_sse_churn.py",  # memory, descriptors, tasks flat over 20,000 cycles
     "integration/security/test_login_burst.py",  # RSS and /healthz latency during 300 sign-ins
     "integration/security/test_login_throttle.py::test_unknown_email_costs_the_same_time_as_a_wrong_password",
@@ -78,7 +87,12 @@ POSTGRES = (
 )
 
 # The longest tests of the parallel phase, started first so that none begins near the end.
-SLOWEST_FIRST = ("fuzz/test_fuzz.py",)
+SLOWEST_FIRST = (
+    "fuzz/test_fuzz.py",
+    "faults/test_worker_faults.py::test_sigkill_storm_loses_and_duplicates_nothing",
+    "faults/test_worker_faults.py::test_a_poison_run_is_dead_lettered_while_good_runs_complete",
+    "faults/test_worker_faults.py::test_a_paused_workers_late_writes_are_refused",
+)
 
 
 def _rel(item: pytest.Item) -> str:
