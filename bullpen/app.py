@@ -199,6 +199,10 @@ async def build(
             max_depth=settings.task_max_depth,
         )
         team = Team(store, clock, _all(wakeups), admission=admission)
+        notifier: Notifier | None = None
+        if settings.database_url is not None:  # PostgreSQL: other processes hear of enqueues
+            notifier = await stack.enter_async_context(Notifier(asyncpg_dsn(settings.database_url)))
+            wakeups.append(notifier.enqueued)
         process_allow = process.parse_allow(settings.process_allow)
         process_env_allow = process_env.EnvAllow.parse(settings.process_env_allow)
         if settings.worker_enabled:
@@ -222,15 +226,14 @@ async def build(
                     tuning=worker_tuning(settings),
                     clock=clock,
                     publish=bus.publish,
+                    announce=None if notifier is None else notifier.enqueued,
                 )
             )
             wakeups.append(worker.notify)
-        if settings.database_url is not None:  # PostgreSQL: other processes hear of enqueues
-            dsn = asyncpg_dsn(settings.database_url)
-            notifier = await stack.enter_async_context(Notifier(dsn))
-            wakeups.append(notifier.enqueued)
-            if worker is not None:
-                await stack.enter_async_context(Listener(dsn, worker.notify))
+            if settings.database_url is not None:
+                await stack.enter_async_context(
+                    Listener(asyncpg_dsn(settings.database_url), worker.notify)
+                )
         await stack.enter_async_context(
             Housekeeper(
                 store,

@@ -31,6 +31,7 @@ class ClaimedRun:
     agent_name: str = ""
     agent_description: str = ""
     dependencies: int = 0  # children waited for and blockers ever attached (0: no tree reads)
+    dependents: int = 0  # tasks blocked by this one, ever (0: no one waits for its end)
     steps: int = 0  # tool steps an `llm` agent completed on the task (0: nothing to resume)
     has_reports: bool = False  # someone reports to the agent: it may delegate
 

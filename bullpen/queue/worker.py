@@ -76,6 +76,7 @@ class Worker:
         tuning: WorkerTuning,
         clock: Callable[[], datetime],
         publish: Callable[[list[RunEvent]], None],
+        announce: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
         self._eventlog = eventlog
@@ -92,6 +93,11 @@ class Worker:
         self._stops: dict[UUID, _Stop] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._draining = False
+        # The last claim left runs waiting that it had room for (an agent at its cap, a
+        # retry backing off ...): every run that ends here may free what they wait for.
+        self._held_back = False
+        # Tells the other processes' workers to look at the queue (PostgreSQL: NOTIFY).
+        self._announce = announce
         self.completed = 0
         self.redelivered = 0
         self.dead_lettered = 0
@@ -163,15 +169,7 @@ class Worker:
             claimed: list[ClaimedRun] = []
             if free > 0:
                 try:
-                    async with self._store.write() as conn:
-                        claimed = await claim_store.claim(
-                            conn,
-                            owner=self.owner,
-                            limit=min(free, _CLAIM_BATCH),
-                            now=self._clock(),
-                            lease=self._tuning.lease,
-                            room=self._room,
-                        )
+                    claimed = await self._claim(min(free, _CLAIM_BATCH))
                 except BullpenError as err:
                     log.warning("claim failed: %s", err.detail)
                 except Exception:  # the loop must outlive any one failure
@@ -192,6 +190,24 @@ class Worker:
                     await self._wake.wait()
             self._wake.clear()
 
+    async def _claim(self, limit: int) -> list[ClaimedRun]:
+        # Most wake-ups (a run ended) find nothing queued: one read, and no claim.
+        async with self._store.read() as conn:
+            if not await claim_store.any_queued(conn):
+                self._held_back = False
+                return []
+        async with self._store.write() as conn:
+            took = await claim_store.claim(
+                conn,
+                owner=self.owner,
+                limit=limit,
+                now=self._clock(),
+                lease=self._tuning.lease,
+                room=self._room,
+            )
+        self._held_back = took.held_back
+        return took.runs
+
     def _room(self, workspace_id: UUID) -> int:
         """How many more runs of this workspace this worker takes now."""
         share = self._tuning.concurrency - self._tuning.reserved_slots
@@ -200,15 +216,20 @@ class Worker:
     def _done(self, run_id: UUID, _task: asyncio.Task[None]) -> None:
         run = self._claimed.pop(run_id, None)
         if run is not None:
-            if self._room(run.workspace_id) <= 0:
-                self._wake.set()  # the workspace had all the room it gets: its next run may wait
             left = self._by_workspace.pop(run.workspace_id, 0) - 1
             if left > 0:
                 self._by_workspace[run.workspace_id] = left
         self._inflight.pop(run_id, None)
         self._stops.pop(run_id, None)
-        if len(self._inflight) == self._tuning.concurrency - 1:
-            self._wake.set()  # the worker was full: queued runs may be waiting for this slot
+        # Every ended run frees a slot something queued may wait for: this worker's, its
+        # workspace's share, or its agent's `max_concurrent_runs` (whichever process runs the
+        # next one). This process has the free slot, so it looks now rather than at the
+        # poll; a draining one claims nothing, so it asks the other processes to look.
+        if self._draining:
+            if self._held_back and self._announce is not None:
+                self._announce()
+        else:
+            self._wake.set()
 
     def _holding(self) -> list[Held]:
         return [Held(run.id, run.attempt) for run in self._claimed.values()]
@@ -344,8 +365,9 @@ class Worker:
                 EventKind.END,
                 {"status": outcome.status.value},
                 change,
-                # A subtask's parent may be waiting for this end: no coalescing wait.
-                urgent=run.parent_id is not None,
+                # No coalescing wait for an end someone waits for: a subtask's parent, a
+                # task it blocks, or a run held back by its agent's cap.
+                urgent=run.parent_id is not None or run.dependents > 0 or self._held_back,
             )
         except BullpenError as err:
             log.warning("could not record the end of run %s: %s", run.id, err.detail)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -23,6 +24,29 @@ _reports = agents.alias("reports")
 _CLAIM_LOCK = 0x6270_636C  # "bpcl"
 
 
+_ANY_QUEUED = sa.select(sa.exists().where(runs.c.status == RunStatus.QUEUED.value))
+
+
+async def any_queued(conn: Connection) -> bool:
+    """Whether any run waits in the queue (an index probe: a claim's cheap first look)."""
+    return bool((await conn.execute(_ANY_QUEUED)).scalar())
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a claim took, and whether it left runs waiting in the queue.
+
+    `held_back` is True when runs were queued but the claim took fewer than its limit: some
+    wait for something other than a free slot of this claimer (an agent at its
+    `max_concurrent_runs`, a retry backing off, a workspace's share, a paused agent), so the
+    claimer should look again as soon as one of its runs ends. It may be True when the claim
+    took every queued run; the next claim then finds none and says False.
+    """
+
+    runs: list[ClaimedRun]
+    held_back: bool
+
+
 async def claim(
     conn: Connection,
     *,
@@ -31,7 +55,7 @@ async def claim(
     now: datetime,
     lease: timedelta,
     room: Callable[[UUID], int] | None = None,
-) -> list[ClaimedRun]:
+) -> Claim:
     """Take up to `limit` runs under a lease: fairly across workspaces, then by priority.
 
     Only runs that are due (`available_at`), of active agents below their
@@ -40,11 +64,25 @@ async def claim(
     run's attempt: the fence every later write of this delivery is checked against.
     """
     if limit < 1:
-        return []
+        return Claim([], held_back=False)
     postgres = conn.dialect.name == "postgresql"
     if postgres:
         await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_CLAIM_LOCK)))
-    chosen = await _fair_pick(conn, limit=limit, now=now, postgres=postgres, room=room)
+    queued, chosen = await _fair_pick(conn, limit=limit, now=now, postgres=postgres, room=room)
+    runs = await _take(conn, chosen, owner=owner, now=now, lease=lease, postgres=postgres)
+    return Claim(runs, held_back=queued and len(runs) < limit)
+
+
+async def _take(
+    conn: Connection,
+    chosen: list[UUID],
+    *,
+    owner: str,
+    now: datetime,
+    lease: timedelta,
+    postgres: bool,
+) -> list[ClaimedRun]:
+    """Move the chosen runs (those still queued) to running under this owner's lease."""
     if not chosen:
         return []
     target = sa.select(runs.c.id).where(
@@ -91,6 +129,7 @@ async def claim(
             tasks.c.parent_id,
             tasks.c.priority,
             tasks.c.dependencies,
+            tasks.c.dependents,
             tasks.c.steps,
             workspaces.c.task_key,
             agents.c.adapter,
@@ -128,6 +167,7 @@ async def claim(
             agent_name=row.name,
             agent_description=row.description,
             dependencies=row.dependencies,
+            dependents=row.dependents,
             steps=row.steps,
             has_reports=bool(row.has_reports),
         )
@@ -143,8 +183,9 @@ async def _fair_pick(
     now: datetime,
     postgres: bool,
     room: Callable[[UUID], int] | None,
-) -> list[UUID]:
-    """Which queued runs to claim next, without reading more of the queue than it needs.
+) -> tuple[bool, list[UUID]]:
+    """Whether any run is queued, and which queued runs to claim next, without reading more of
+    the queue than it needs.
 
     Max-min fairness over execution slots: the next run goes to the workspace with the fewest
     runs in progress (counting those picked in this claim), its best run by priority and age.
@@ -181,7 +222,7 @@ async def _fair_pick(
     )
     workspace_ids = list((await conn.execute(sa.select(workspaces.c.id).where(waiting))).scalars())
     if not workspace_ids:
-        return []
+        return False, []
     candidates = await _candidates(
         conn, workspace_ids, full, limit=limit, now=now, postgres=postgres
     )
@@ -217,7 +258,7 @@ async def _fair_pick(
         chosen.append(row.id)
         if rows:
             heapq.heappush(heap, (share + 1, -rows[0].priority, rows[0].queued_at, ws))
-    return chosen
+    return True, chosen
 
 
 async def _candidates(

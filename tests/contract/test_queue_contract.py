@@ -33,7 +33,7 @@ async def _claim(
     store: Store, limit: int = 10, owner: str = "w", at: datetime = NOW
 ) -> list[run_store.ClaimedRun]:
     async with store.write() as conn:
-        return await claim_store.claim(conn, owner=owner, limit=limit, now=at, lease=LEASE)
+        return (await claim_store.claim(conn, owner=owner, limit=limit, now=at, lease=LEASE)).runs
 
 
 async def _run(store: Store, run_id: uuid.UUID) -> sa.Row:  # type: ignore[type-arg]
@@ -300,7 +300,8 @@ async def test_a_claim_gives_each_workspace_no_more_than_its_room(store: Store) 
         await new_task(store, ws_a, agent_a, NOW + timedelta(seconds=i))
     await new_task(store, ws_b, agent_b, NOW + timedelta(seconds=9))
     async with store.write() as conn:
-        claimed = await claim_store.claim(
+        took = await claim_store.claim(
             conn, owner="w", limit=10, now=NOW, lease=LEASE, room=lambda ws: 2
         )
+    claimed = took.runs
     assert sorted(c.workspace_id == ws_b for c in claimed) == [False, False, True]

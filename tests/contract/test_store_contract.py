@@ -100,7 +100,7 @@ async def test_claim_takes_oldest_first_and_marks_task_running(store: Store) -> 
     older, _ = await new_task(store, ws, agent, NOW)
     await new_task(store, ws, agent, NOW + timedelta(seconds=1))
     async with store.write() as conn:
-        claimed = await claim_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)
+        claimed = (await claim_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)).runs
     assert [c.task_id for c in claimed] == [older]
     assert claimed[0].attempt == 1 and claimed[0].agent_adapter == "llm"
     async with store.read() as conn:
@@ -121,7 +121,8 @@ async def test_concurrent_claimers_never_share_a_run(store: Store) -> None:
         got: list[uuid.UUID] = []
         while True:
             async with store.write() as conn:
-                batch = await claim_store.claim(conn, owner=name, limit=3, now=NOW, lease=LEASE)
+                took = await claim_store.claim(conn, owner=name, limit=3, now=NOW, lease=LEASE)
+            batch = took.runs
             if not batch:
                 return got
             got.extend(c.id for c in batch)
@@ -135,7 +136,7 @@ async def test_finish_is_fenced_by_attempt_and_state(store: Store) -> None:
     ws, agent = await workspace_with_agent(store)
     task_id, run_id = await new_task(store, ws, agent)
     async with store.write() as conn:
-        (claimed,) = await claim_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)
+        (claimed,) = (await claim_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)).runs
     async with store.write() as conn:
         assert not await run_store.finish(
             conn, run_id=run_id, attempt=claimed.attempt + 1, outcome=_done(), now=NOW
@@ -220,7 +221,7 @@ async def test_terminal_outcomes_reach_the_task(store: Store, status: RunStatus)
     ws, agent = await workspace_with_agent(store)
     task_id, run_id = await new_task(store, ws, agent)
     async with store.write() as conn:
-        (c,) = await claim_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)
+        (c,) = (await claim_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)).runs
         outcome = RunOutcome(status, None, "why", None, None, None, None, None, None)
         assert await run_store.finish(
             conn, run_id=run_id, attempt=c.attempt, outcome=outcome, now=NOW

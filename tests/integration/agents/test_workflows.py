@@ -366,15 +366,15 @@ class _CrashAfterFirstStep(Team):
 
 async def _claim(server: RunningServer, after: timedelta = timedelta()) -> ClaimedRun:
     async with server.services.store.write() as conn:
-        claimed = await claim_store.claim(
+        took = await claim_store.claim(
             conn,
             owner="test",
             limit=1,
             now=server.services.clock() + after,
             lease=timedelta(seconds=60),
         )
-    assert len(claimed) == 1
-    return claimed[0]
+    assert len(took.runs) == 1
+    return took.runs[0]
 
 
 def _context(run: ClaimedRun, server: RunningServer, events: _Recorder) -> RunContext:
