@@ -61,6 +61,10 @@ _CHECKPOINT_EVERY_S = 2.0
 WAL_LIMIT_BYTES = 16 * 1024 * 1024
 # Execution option marking SQLite write transactions: the engine begins them IMMEDIATE.
 WRITE_OPTION = "bullpen_write"
+# Execution option marking a write that no cache of rows depends on (a counter): `watch`
+# callbacks skip it. The task number counter on the workspace row emptied the API key cache on
+# every create, so every request read its key from the database again (issue 21).
+UNWATCHED = "bullpen_unwatched"
 T = TypeVar("T")
 
 
@@ -165,6 +169,7 @@ class Store:
             if (
                 isinstance(statement, UpdateBase)
                 and getattr(statement.table, "name", None) in tables
+                and not statement.get_execution_options().get(UNWATCHED)
             ):
                 if (info := _info(conn)) is not None:
                     info[flag] = True

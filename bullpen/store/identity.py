@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from bullpen.domain.agents import AgentStatus
 from bullpen.domain.principal import Role
 from bullpen.domain.records.accounts import UserLogin
+from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection
 from bullpen.store.tables import agents, api_keys, memberships, sessions, users, workspaces
 
@@ -54,6 +55,8 @@ async def create_workspace(
             id=ws_id, name=name, slug=slug, task_key=task_key, task_counter=0, created_at=now
         )
     )
+    if conn.dialect.name == "postgresql":
+        await task_store.create_number_sequence(conn, ws_id)
     return ws_id
 
 

@@ -312,6 +312,33 @@ async def test_key_changes_apply_here_at_once_and_from_other_processes_within_th
     problem(await call(http, server, "GET", "/api/v1/tasks", key), 401)
 
 
+@pytest.mark.with_settings(api_key_cache_s=30.0, worker_enabled=False)
+async def test_creating_tasks_keeps_the_key_cached(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    """A create writes the workspace's task number: that must not empty the key cache (on
+    SQLite the number is a counter on the workspace row, one of the key's source tables)."""
+    lookups: list[str] = []
+    sync_engine = server.services.store.engine
+    sync_engine = sync_engine if isinstance(sync_engine, sa.Engine) else sync_engine.sync_engine
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "FROM api_keys" in statement:
+            lookups.append(statement)
+
+    sa.event.listen(sync_engine, "before_cursor_execute", seen)
+    try:
+        create = {"prompt": PROMPT, "agent_id": str(server.boot.agent_id)}
+        for _ in range(5):
+            reply = await call(http, server, "POST", "/api/v1/tasks", server.auth, create)
+            assert reply.status == 201, reply.body
+    finally:
+        sa.event.remove(sync_engine, "before_cursor_execute", seen)
+    # The first request reads the key, and records its use (a write of the key's row, so read
+    # again by the next one); the others find it cached.
+    assert len(lookups) <= 2, lookups
+
+
 async def from_another_process(server: RunningServer, statement: Any) -> None:
     """Run `statement` on a connection of its own, as another process would: this process
     hears nothing of it (its caches are not told)."""
