@@ -225,8 +225,9 @@ async def build(
                 )
             )
             wakeups.append(worker.notify)
-        if settings.database_url is not None:  # PostgreSQL: other processes hear of enqueues
-            dsn = asyncpg_dsn(settings.database_url)
+        if (direct := settings.direct_database_url) is not None:
+            # PostgreSQL: other processes hear of enqueues (never through a pooler: LISTEN)
+            dsn = asyncpg_dsn(direct)
             notifier = await stack.enter_async_context(Notifier(dsn))
             wakeups.append(notifier.enqueued)
             if worker is not None:
@@ -398,8 +399,9 @@ async def open_bus(settings: Settings, stack: AsyncExitStack) -> Bus:
 
         transport = RedisStreams(settings.redis_url, maxlen=settings.redis_stream_maxlen)
     else:
-        assert settings.database_url is not None  # checked by Settings
-        transport = PgNotify(asyncpg_dsn(settings.database_url))
+        direct = settings.direct_database_url
+        assert direct is not None  # checked by Settings
+        transport = PgNotify(asyncpg_dsn(direct))
     return await stack.enter_async_context(SharedBus(transport, hub))
 
 
