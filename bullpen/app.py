@@ -200,8 +200,9 @@ async def build(
         )
         team = Team(store, clock, _all(wakeups), admission=admission)
         notifier: Notifier | None = None
-        if settings.database_url is not None:  # PostgreSQL: other processes hear of enqueues
-            notifier = await stack.enter_async_context(Notifier(asyncpg_dsn(settings.database_url)))
+        if (direct := settings.direct_database_url) is not None:
+            # PostgreSQL: other processes hear of enqueues (NOTIFY on a direct connection)
+            notifier = await stack.enter_async_context(Notifier(asyncpg_dsn(direct)))
             wakeups.append(notifier.enqueued)
         process_allow = process.parse_allow(settings.process_allow)
         process_env_allow = process_env.EnvAllow.parse(settings.process_env_allow)
@@ -230,10 +231,9 @@ async def build(
                 )
             )
             wakeups.append(worker.notify)
-            if settings.database_url is not None:
-                await stack.enter_async_context(
-                    Listener(asyncpg_dsn(settings.database_url), worker.notify)
-                )
+            if (direct := settings.direct_database_url) is not None:
+                # Never through a pooler: LISTEN needs a session of its own.
+                await stack.enter_async_context(Listener(asyncpg_dsn(direct), worker.notify))
         await stack.enter_async_context(
             Housekeeper(
                 store,
@@ -401,8 +401,9 @@ async def open_bus(settings: Settings, stack: AsyncExitStack) -> Bus:
 
         transport = RedisStreams(settings.redis_url, maxlen=settings.redis_stream_maxlen)
     else:
-        assert settings.database_url is not None  # checked by Settings
-        transport = PgNotify(asyncpg_dsn(settings.database_url))
+        direct = settings.direct_database_url
+        assert direct is not None  # checked by Settings
+        transport = PgNotify(asyncpg_dsn(direct))
     return await stack.enter_async_context(SharedBus(transport, hub))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Issue 19, SE-3: OWASP Password Storage Cheat Sheet, argon2id minimums (iterations -> KiB).
@@ -24,6 +24,13 @@ class Settings(BaseSettings):
 
     data_dir: Path = Field(default_factory=default_data_dir)
     database_url: str | None = None
+    # `pgbouncer`: BULLPEN_DATABASE_URL goes through a pooler in transaction mode (PgBouncer
+    # 1.18, or any pooler that does not keep prepared statements and session state across
+    # transactions); `none`: it reaches PostgreSQL itself, or a session-mode pooler.
+    database_pooler: Literal["none", "pgbouncer"] = "none"
+    # A URL reaching PostgreSQL itself, for what needs a session (LISTEN/NOTIFY); default:
+    # BULLPEN_DATABASE_URL. Needed with a transaction-mode pooler.
+    database_direct_url: str | None = None
     host: str = "127.0.0.1"
     # Proxies whose X-Forwarded-For/-Proto are believed (client address for sign-in limits,
     # https for Secure cookies); comma-separated addresses, or "*".
@@ -198,9 +205,9 @@ class Settings(BaseSettings):
             raise ValueError("redis_url must be redis://…, rediss://… or unix://…")
         return value
 
-    @field_validator("database_url")
+    @field_validator("database_url", "database_direct_url")
     @classmethod
-    def _normalise_url(cls, value: str | None) -> str | None:
+    def _normalise_url(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None or value == "":
             return None
         for prefix in ("postgresql://", "postgres://"):
@@ -208,6 +215,8 @@ class Settings(BaseSettings):
                 return "postgresql+asyncpg://" + value[len(prefix) :]
         if value.startswith("postgresql+asyncpg://"):
             return value
+        if info.field_name == "database_direct_url":  # only PostgreSQL has LISTEN/NOTIFY
+            raise ValueError("database_direct_url must be postgresql://…")
         if value.startswith(("sqlite:///", "sqlite+pysqlite:///")):
             return "sqlite:///" + value.split(":///", 1)[1]
         raise ValueError("database_url must be postgresql://… or sqlite:///path")
@@ -229,9 +238,33 @@ class Settings(BaseSettings):
     def _check_bus(self) -> Settings:
         if self.bus == "redis" and not self.redis_url:
             raise ValueError("BULLPEN_BUS=redis needs BULLPEN_REDIS_URL")
-        if self.bus == "postgres" and not self.database_url:
+        if self.bus == "postgres" and (not self.database_url or self.is_sqlite):
             raise ValueError("BULLPEN_BUS=postgres needs a PostgreSQL BULLPEN_DATABASE_URL")
         return self
+
+    @model_validator(mode="after")
+    def _check_pooler(self) -> Settings:
+        postgres = bool(self.database_url) and not self.is_sqlite
+        if self.database_direct_url and not postgres:
+            raise ValueError("BULLPEN_DATABASE_DIRECT_URL needs a PostgreSQL BULLPEN_DATABASE_URL")
+        if self.database_pooler == "pgbouncer":
+            if not postgres:
+                raise ValueError(
+                    "BULLPEN_DATABASE_POOLER=pgbouncer needs a PostgreSQL BULLPEN_DATABASE_URL"
+                )
+            if not self.database_direct_url:
+                raise ValueError(
+                    "BULLPEN_DATABASE_POOLER=pgbouncer needs BULLPEN_DATABASE_DIRECT_URL:"
+                    " LISTEN/NOTIFY cannot go through a transaction-mode pooler"
+                )
+        return self
+
+    @property
+    def direct_database_url(self) -> str | None:
+        """PostgreSQL itself, for LISTEN/NOTIFY: the direct URL, else the database URL."""
+        if self.is_sqlite:
+            return None
+        return self.database_direct_url or self.database_url
 
     @property
     def resolved_database_url(self) -> str:

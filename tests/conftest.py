@@ -22,6 +22,7 @@ from bullpen.services.bootstrap import ensure_bootstrap
 from bullpen.settings import Settings
 from bullpen.store.base import Store
 from tests.support import suite
+from tests.support.pgbouncer import PgBouncer, running_pgbouncer
 from tests.support.postgres import PG_ADMIN_URL, admin, db_url, pg_host_port, run_apart
 from tests.support.servers import (
     BACKENDS,
@@ -67,6 +68,13 @@ def pg_template(pg_available: bool) -> Iterator[str]:
     run_apart(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
+@pytest.fixture(scope="session")
+def pgbouncer(pg_available: bool) -> Iterator[PgBouncer]:
+    """PgBouncer in transaction mode before the PostgreSQL server; one per process."""
+    with running_pgbouncer() as running:
+        yield running
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     """Each contract test runs once per backend."""
@@ -99,7 +107,16 @@ async def settings(
     name = f"bullpen_t_{uuid.uuid4().hex[:12]}"
     await admin(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     try:
-        yield Settings(database_url=db_url(name), **base)
+        if backend == "pgbouncer":  # pooled URL for the store, direct one for LISTEN/NOTIFY
+            bouncer: PgBouncer = request.getfixturevalue("pgbouncer")
+            yield Settings(
+                database_url=bouncer.url(name),
+                database_pooler="pgbouncer",
+                database_direct_url=db_url(name),
+                **base,
+            )
+        else:
+            yield Settings(database_url=db_url(name), **base)
     finally:
         await admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

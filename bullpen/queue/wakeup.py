@@ -5,6 +5,10 @@ API also sends `NOTIFY bullpen_runs` (throttled: at most one per `min_gap_s`, th
 always sent, so a burst of creates costs a few notifications, not one each) and every worker
 process LISTENs on its own connection. The worker's slow poll remains the safety net for a
 notification lost while a listener reconnects.
+
+Both connect to PostgreSQL itself (`BULLPEN_DATABASE_DIRECT_URL`, by default the database URL):
+a pooler in transaction mode hands each transaction to any server connection, so a LISTEN
+made through it would hear nothing.
 """
 
 from __future__ import annotations

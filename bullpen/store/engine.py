@@ -5,11 +5,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import asyncpg
 import orjson
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from bullpen.errors import Unavailable
 from bullpen.settings import Settings
 from bullpen.store.base import WRITE_OPTION, Store
 
@@ -44,10 +46,73 @@ def _sqlite_begin(conn: Any) -> None:
     conn.exec_driver_sql(f"BEGIN {mode}")
 
 
+def _idle_ms(settings: Settings) -> int:
+    return max(1, round(settings.db_idle_transaction_timeout_s * 1000))
+
+
 def _server_settings(settings: Settings) -> dict[str, str]:
     """Session settings of every PostgreSQL connection."""
-    idle_ms = max(1, round(settings.db_idle_transaction_timeout_s * 1000))
-    return {"idle_in_transaction_session_timeout": str(idle_ms)}
+    return {"idle_in_transaction_session_timeout": str(_idle_ms(settings))}
+
+
+def _pooled_connection(idle_ms: int) -> type[asyncpg.Connection]:
+    """An asyncpg connection whose every BEGIN also sets the idle-in-transaction timeout.
+
+    A transaction-mode pooler refuses startup parameters it does not know and hands each
+    transaction to whichever server connection is free, so session settings cannot be set
+    once per connection. `SET LOCAL` rides in the BEGIN's own simple-query message (asyncpg's
+    `Transaction.start` sends `BEGIN ...;` with `execute`): no extra round trip.
+    """
+    suffix = f" SET LOCAL idle_in_transaction_session_timeout = {int(idle_ms)};"
+
+    class PooledConnection(asyncpg.Connection):  # type: ignore[misc]
+        # asyncpg's own signature, `timeout` included (Transaction.start calls this).
+        async def execute(
+            self,
+            query: str,
+            *args: Any,
+            timeout: float | None = None,  # noqa: ASYNC109
+        ) -> str:
+            if not args and query.startswith("BEGIN") and query.endswith(";"):
+                query += suffix
+            result: str = await super().execute(query, *args, timeout=timeout)
+            return result
+
+    return PooledConnection
+
+
+def _connect_args(settings: Settings) -> dict[str, Any]:
+    """asyncpg's connect arguments: direct, or through a transaction-mode pooler."""
+    if settings.database_pooler == "none":
+        return {"server_settings": _server_settings(settings)}
+    # PgBouncer 1.18 does not follow prepared statements from one transaction to the next
+    # (1.21 does), so named, cached statements break. Unnamed ones with both caches off are
+    # asyncpg's own PgBouncer path: each is parsed again with its Bind, in one message.
+    return {
+        "statement_cache_size": 0,
+        "prepared_statement_cache_size": 0,
+        "prepared_statement_name_func": _unnamed,
+        "connection_class": _pooled_connection(_idle_ms(settings)),
+    }
+
+
+def _unnamed() -> str:
+    return ""
+
+
+def _connect(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+    """Connect; a pooler's refusal of our session settings says which settings to use."""
+    try:
+        return dialect.connect(*cargs, **cparams)
+    except dialect.loaded_dbapi.Error as err:
+        if "unsupported startup parameter" not in str(err):
+            raise
+        raise Unavailable(
+            "the database refused a session setting at connect (unsupported startup"
+            " parameter): a pooler in transaction mode such as PgBouncer needs"
+            " BULLPEN_DATABASE_POOLER=pgbouncer and BULLPEN_DATABASE_DIRECT_URL"
+            " (docs/operations.md, PgBouncer)"
+        ) from err
 
 
 def create_store(settings: Settings) -> Store:
@@ -70,16 +135,16 @@ def create_store(settings: Settings) -> Store:
         event.listen(engine, "connect", functools.partial(_sqlite_connect, wal_limit=wal_limit))
         event.listen(engine, "begin", _sqlite_begin)
         return Store(engine, sqlite_path=path, wal_limit_bytes=wal_limit)
-    return Store(
-        create_async_engine(
-            url,
-            json_serializer=_json_dumps,
-            json_deserializer=orjson.loads,
-            pool_size=settings.pool_size,
-            max_overflow=settings.pool_max_overflow,
-            # No pre-ping: it costs a round trip per transaction; a dropped connection fails
-            # its statement, is invalidated, and the caller gets a 503 to retry.
-            pool_recycle=1800,
-            connect_args={"server_settings": _server_settings(settings)},
-        )
+    pg_engine = create_async_engine(
+        url,
+        json_serializer=_json_dumps,
+        json_deserializer=orjson.loads,
+        pool_size=settings.pool_size,
+        max_overflow=settings.pool_max_overflow,
+        # No pre-ping: it costs a round trip per transaction; a dropped connection fails
+        # its statement, is invalidated, and the caller gets a 503 to retry.
+        pool_recycle=1800,
+        connect_args=_connect_args(settings),
     )
+    event.listen(pg_engine.sync_engine, "do_connect", _connect)
+    return Store(pg_engine)

@@ -231,7 +231,7 @@ async def test_terminal_outcomes_reach_the_task(store: Store, status: RunStatus)
     assert (task.status, task.error) == (status.value, "why")
 
 
-@pytest.mark.parametrize("backend", ["postgres"])
+@pytest.mark.parametrize("backend", ["postgres", "pgbouncer"])
 @pytest.mark.with_settings(db_idle_transaction_timeout_s=0.5)
 async def test_a_session_paused_inside_a_transaction_lets_go_of_its_locks(store: Store) -> None:
     """A process paused mid-transaction (here: one that stops sending) does not keep its row

@@ -125,9 +125,11 @@ def tier_of(item: pytest.Item) -> str:
 
 def needs_postgres(item: pytest.Item) -> bool:
     """Whether a test needs the PostgreSQL server: a parameter (backend, bus, wire ...) says
-    `postgres`, it asks for the template database, or it is listed in POSTGRES."""
+    `postgres` or `pgbouncer`, it asks for the template database, or it is listed in POSTGRES."""
     callspec = getattr(item, "callspec", None)
-    if callspec is not None and "postgres" in callspec.params.values():
+    if callspec is not None and any(
+        value in ("postgres", "pgbouncer") for value in callspec.params.values()
+    ):
         return True
     if {"pg_template", "pg_available"} & set(getattr(item, "fixturenames", ())):
         return True

@@ -3,7 +3,8 @@
 A NOTIFY payload holds at most 8000 bytes, so messages are kept under `max_payload`; larger
 events travel as stubs and their readers fetch them from the store. Sending uses one
 connection and one statement per batch; listening holds another, pinged every 30 s so a
-silently dropped connection is noticed.
+silently dropped connection is noticed. Both reach PostgreSQL itself
+(`BULLPEN_DATABASE_DIRECT_URL`), never a transaction-mode pooler, where LISTEN hears nothing.
 """
 
 from __future__ import annotations
