@@ -109,30 +109,29 @@ class TaskService:
                 "prompt": prompt,
                 "now": now,
             }
+
+            def audited(task_id: UUID, run_id: UUID | None) -> dict[str, Any]:
+                data = {
+                    "agent_id": str(agent_id),
+                    "run_id": None if run_id is None else str(run_id),
+                    "parent_id": None if parent_id is None else str(parent_id),
+                    "blocked_by": [str(b) for b in blocked_by or []],
+                }
+                return audit.entry_by(principal, "task.create", "task", task_id, now, data)
+
             run: RunRecord | None = None
             if blocked_by:
                 task = await task_store.insert_blocked_task(conn, **common, **fields)
                 await workflow.add_blockers(conn, principal.workspace_id, task.id, blocked_by, now)
                 if await workflow.wake(conn, task.id, now) is not None:  # all had ended
                     task = replace(task, status=TaskStatus.QUEUED)
-            else:
-                task, run = await task_store.insert_task_with_run(conn, **common, **fields)
+                await audit.insert(conn, audited(task.id, None))
+            else:  # the task, its run and the audit event in one statement
+                task, run = await task_store.insert_task_with_run(
+                    conn, **common, **fields, audit=audited
+                )
             if parent_id is not None:
                 await workflow.count_child(conn, parent_id)
-            await audit.record_by(
-                conn,
-                principal,
-                "task.create",
-                "task",
-                task.id,
-                now,
-                {
-                    "agent_id": str(agent_id),
-                    "run_id": None if run is None else str(run.id),
-                    "parent_id": None if parent_id is None else str(parent_id),
-                    "blocked_by": [str(b) for b in blocked_by or []],
-                },
-            )
             if task.status == TaskStatus.QUEUED.value:
                 self._store.after_commit(self._on_enqueued)
         if run is None:

@@ -47,6 +47,34 @@ async def record(
     )
 
 
+def entry_by(
+    principal: Principal,
+    action: str,
+    target_type: str,
+    target_id: UUID | None,
+    now: datetime,
+    data: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The row of an audit event whose actor is the caller, in its workspace (if it has one),
+    for a statement that inserts it with the change it records (see tasks.insert_task_with_run)."""
+    return {
+        "id": uuid.uuid4(),
+        "workspace_id": None if principal.workspace_id == NO_WORKSPACE else principal.workspace_id,
+        "actor_type": principal.actor_type,
+        "actor_id": principal.actor_id,
+        "action": action,
+        "target_type": target_type,
+        "target_id": target_id,
+        "data": data or {},
+        "created_at": now,
+    }
+
+
+async def insert(conn: Connection, entry: dict[str, Any]) -> None:
+    """Append one audit event given as a row (`entry_by`)."""
+    await conn.execute(_INSERT, entry)
+
+
 async def record_by(
     conn: Connection,
     principal: Principal,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -17,7 +18,7 @@ from bullpen.domain.status import RunStatus, TaskStatus, task_sources
 from bullpen.errors import Conflict
 from bullpen.store.base import UNWATCHED, Connection
 from bullpen.store.paging import Page, keyset
-from bullpen.store.tables import runs, task_comments, tasks, workspaces
+from bullpen.store.tables import audit_events, runs, task_comments, tasks, workspaces
 
 _TASK_COLUMNS = [*tasks.c, workspaces.c.task_key]
 
@@ -35,6 +36,7 @@ _RUN_FIELDS = (
 )
 _INSERT_TASK = tasks.insert()
 _INSERT_RUN = runs.insert()
+_INSERT_AUDIT = audit_events.insert()
 # SQLite: the workspace's counter (one writer at a time: no one waits on its row).
 _NEXT_NUMBER = (
     workspaces.update()
@@ -73,10 +75,11 @@ async def drop_number_sequence(conn: Connection, workspace_id: UUID) -> None:
     await conn.execute(sa.text(f'DROP SEQUENCE IF EXISTS "{number_sequence(workspace_id)}"'))
 
 
-def _task_and_run_at_once() -> sa.Select[Any]:
-    """PostgreSQL: take the number and insert the task and its run in one statement.
+def _task_and_run_at_once(*, audited: bool) -> sa.Select[Any]:
+    """PostgreSQL: take the number and insert the task and its run in one statement, and the
+    audit event of the create with them when `audited`.
 
-    One round trip instead of three. The run's foreign key to the task is checked at the end
+    One round trip instead of four. The run's foreign key to the task is checked at the end
     of the statement, when both rows exist.
     """
     number = _NEXT_IN_SEQUENCE.cte("number")
@@ -95,12 +98,17 @@ def _task_and_run_at_once() -> sa.Select[Any]:
             if c.name in _RUN_FIELDS
         }
     )
-    return sa.select(number.c.number, number.c.task_key).add_cte(
-        new_task.cte("new_task"), new_run.cte("new_run")
-    )
+    inserts = [new_task.cte("new_task"), new_run.cte("new_run")]
+    if audited:
+        entry = audit_events.insert().values(
+            {c.name: sa.bindparam(f"audit_{c.name}", type_=c.type) for c in audit_events.c}
+        )
+        inserts.append(entry.cte("new_audit_event"))
+    return sa.select(number.c.number, number.c.task_key).add_cte(*inserts)
 
 
-_TASK_AND_RUN = _task_and_run_at_once()
+_TASK_AND_RUN = _task_and_run_at_once(audited=False)
+_TASK_AND_RUN_AUDITED = _task_and_run_at_once(audited=True)
 
 
 async def next_task_number(conn: Connection, workspace_id: UUID) -> tuple[int, str]:
@@ -155,25 +163,35 @@ async def insert_task_with_run(
     title: str,
     prompt: str,
     now: datetime,
+    audit: Callable[[UUID, UUID], dict[str, Any]] | None = None,
     **fields: Any,
 ) -> tuple[TaskRecord, RunRecord]:
     """Create a queued task and its queued run; returns both as stored (no read-back).
 
-    `fields`: creator_user_id, creator_key_id, priority, labels, parent_id, origin_key (the
-    tool step that created a subtask), blocks_parent (whether the parent waits for it).
+    `audit(task_id, run_id)` gives the audit event of the create (`audit.entry_by`), inserted
+    with them. `fields`: creator_user_id, creator_key_id, priority, labels, parent_id,
+    origin_key (the tool step that created a subtask), blocks_parent (whether the parent
+    waits for it).
     """
     task = _new_task(workspace_id, agent_id, title, prompt, TaskStatus.QUEUED, now, fields)
     run = _queued_run(task["id"], workspace_id, agent_id, now, task["priority"])
+    entry = None if audit is None else audit(task["id"], run["id"])
     if conn.dialect.name == "postgresql":
         params = {f"task_{k}": v for k, v in task.items()}
         params.update({f"run_{k}": v for k, v in run.items()})
         params.update(workspace_id=workspace_id, sequence=number_sequence(workspace_id))
-        row = (await conn.execute(_TASK_AND_RUN, params)).one()
+        statement = _TASK_AND_RUN
+        if entry is not None:
+            params.update({f"audit_{k}": v for k, v in entry.items()})
+            statement = _TASK_AND_RUN_AUDITED
+        row = (await conn.execute(statement, params)).one()
         number, task_key = int(row.number), str(row.task_key)
     else:
         number, task_key = await next_task_number(conn, workspace_id)
         await conn.execute(_INSERT_TASK, {**task, "number": number})
         await conn.execute(_INSERT_RUN, run)
+        if entry is not None:
+            await conn.execute(_INSERT_AUDIT, entry)
     return TaskRecord.of({**task, "number": number, "task_key": task_key}), _stored_run(run)
 
 

@@ -124,10 +124,10 @@ async def test_an_outcome_committed_during_the_lookup_rolls_the_duplicate_back(
     dsn = server.settings.database_url.replace("+asyncpg", "")
     holder, other = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
     try:
-        # Stall the request after its lookup (at the workspace's task counter; NO KEY UPDATE
-        # still lets the other insert check its foreign key to the workspace)...
+        # Stall the request after its lookup (at its task's foreign key to the agent, which
+        # a row lock FOR UPDATE holds back; the other insert has no key to the agent)...
         await holder.execute("BEGIN")
-        await holder.execute("SELECT 1 FROM workspaces FOR NO KEY UPDATE")
+        await holder.execute("SELECT 1 FROM agents FOR UPDATE")
         racing = asyncio.create_task(post(http, server, body(server), "raced"))
         await asyncio.sleep(0.5)
         # ...while another transaction commits an outcome for the same key.
