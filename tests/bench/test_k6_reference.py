@@ -63,8 +63,9 @@ async def test_the_k6_script_completes_tasks_and_fails_on_a_failed_check(tmp_pat
         assert _metric(ok, "http_req_failed")["passes"] == 0  # no request counted as failed
 
         refused = tmp_path / "refused.json"
+        wrong = server.api_key[::-1]  # reversed: a key the server never issued
         code, out = await _k6(
-            refused, BASE_URL=server.base_url, API_KEY="not-a-key", AGENT_ID=server.agent_id
+            refused, BASE_URL=server.base_url, API_KEY=wrong, AGENT_ID=server.agent_id
         )
     assert code == 99, out[-3000:]  # k6's exit code for a failed threshold
     assert _metric(refused, "checks")["fails"] > 0
