@@ -158,6 +158,7 @@ async def test_the_floor_stores_one_row_a_create_and_checks_the_bearer(backend: 
     assert result.server_cpu_ms_per_create is not None and result.server_cpu_ms_per_create > 0
 
 
+@pytest.mark.timeout(240)
 def test_baseline_ref_head_runs_both_servers_alternately() -> None:
     head = subprocess.run(
         ["git", "-C", str(project_root()), "rev-parse", "HEAD"],
@@ -171,7 +172,7 @@ def test_baseline_ref_head_runs_both_servers_alternately() -> None:
         [sys.executable, "-m", "bullpen", "bench", *args],
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=220,  # three servers start at once on a shared 2-core machine
         check=False,
     )
     assert done.returncode == 0, done.stderr
