@@ -518,7 +518,7 @@ async def run_create_bench(
             for src in sources
         ]
         if floor:
-            infos.append(ServerInfo("floor", "bare endpoint (bullpen.bench.floor)", commit))
+            infos.append(ServerInfo("floor", "bare endpoint, bullpen.bench.floor", commit))
             starting.append(spawn_floor(backend, pg_admin_url=pg_admin_url))
         # Start them all at once (imports and `init` take seconds); none is under load yet.
         started = await asyncio.gather(
