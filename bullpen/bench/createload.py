@@ -12,10 +12,12 @@ The server runs with its worker off (`BULLPEN_WORKER_ENABLED=false`), no simulat
 limits (and the queue's backlog bound) raised so high that they are on the path but never
 answer 429 (`SERVER_ENV`): only the create path is measured.
 
-`run_create_bench` compares two servers on one machine: the checkout's code and, with a
-baseline revision, that revision's code (same interpreter, same backend kind, each with its own
-fresh database). Rounds alternate A, B, A, B… with one server under load at a time, so drift of
-the machine hits both; medians over the rounds and the ratios current / baseline summarise.
+`run_create_bench` compares servers on one machine: the checkout's code, with a baseline
+revision that revision's code (same interpreter, same backend kind, each with its own fresh
+database), and the floor: a bare endpoint on the same framework and driver doing one insert per
+request (`bullpen.bench.floor`, its own process and database). Rounds alternate current,
+baseline, floor, current… with one server under load at a time, so drift of the machine hits
+all; medians over the rounds and the ratios current / baseline and current / floor summarise.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from bullpen.bench.spawn import (
     SpawnError,
     extract_revision,
     head_commit,
+    spawn_floor,
     spawn_server,
 )
 
@@ -56,6 +59,7 @@ __all__ = [
     "DEFAULT_ROUNDS",
     "DEFAULT_WARMUP_S",
     "ERROR_KINDS",
+    "FLOOR_GOAL_PCT",
     "SERVER_ENV",
     "THROUGHPUT_COST_GOAL_PCT",
     "CreateComparison",
@@ -73,6 +77,8 @@ DEFAULT_WARMUP_S = 3.0
 DEFAULT_ROUNDS = 3
 #: The full contract may cost at most this share of the skeleton's create throughput.
 THROUGHPUT_COST_GOAL_PCT = 25.0
+#: Bullpen's creates/s must be at least this share of the floor's (issue 21).
+FLOOR_GOAL_PCT = 50.0
 
 #: Environment of every server this scenario starts (older revisions ignore unknown names).
 SERVER_ENV = {
@@ -385,6 +391,21 @@ class CreateComparison:
         keys = ("created_per_s", "p50_ms", "p99_ms", "server_cpu_ms_per_create")
         return {k: _ratio(current[k], baseline[k]) for k in keys}
 
+    def floor_ratio(self) -> dict[str, float | None] | None:
+        """Current / floor of each median (None without a floor)."""
+        if not any(s.name == "floor" for s in self.servers):
+            return None
+        current, floor = self.median("current"), self.median("floor")
+        keys = ("created_per_s", "p50_ms", "p99_ms", "server_cpu_ms_per_create")
+        return {k: _ratio(current[k], floor[k]) for k in keys}
+
+    def pct_of_floor(self) -> float | None:
+        """The current code's median creates/s as a share of the floor's, in %."""
+        ratio = self.floor_ratio()
+        if ratio is None or ratio["created_per_s"] is None:
+            return None
+        return 100.0 * ratio["created_per_s"]
+
     def throughput_cost_pct(self) -> float | None:
         """How much create throughput the current code gives up against the baseline, in %."""
         ratio = self.ratio()
@@ -401,6 +422,8 @@ class CreateComparison:
         """Return the one JSON object `bullpen bench --scenario create --json` prints."""
         ratio = self.ratio()
         cost = self.throughput_cost_pct()
+        floor_ratio = self.floor_ratio()
+        of_floor = self.pct_of_floor()
         return {
             "version": JSON_VERSION,
             "scenario": "create",
@@ -418,6 +441,12 @@ class CreateComparison:
             "goal": {
                 "max_throughput_cost_pct": THROUGHPUT_COST_GOAL_PCT,
                 "met": None if cost is None else cost <= THROUGHPUT_COST_GOAL_PCT,
+            },
+            "floor_ratio": None if floor_ratio is None else _rounded(floor_ratio),
+            "floor_goal": {
+                "min_pct_of_floor": FLOOR_GOAL_PCT,
+                "pct_of_floor": _round(of_floor),
+                "met": None if of_floor is None else of_floor >= FLOOR_GOAL_PCT,
             },
             "errors_total": self.errors_total,
             "machine": {
@@ -461,11 +490,13 @@ async def run_create_bench(
     duration_s: float = DEFAULT_DURATION_S,
     warmup_s: float = DEFAULT_WARMUP_S,
     rounds: int = DEFAULT_ROUNDS,
+    floor: bool = True,
     on_round: Callable[[CreateRound], None] | None = None,
 ) -> CreateComparison:
     """Start the server(s), run the rounds alternately and return every figure.
 
-    The load generator is always this checkout's; only the servers differ.
+    The load generator is always this checkout's; only the servers differ. With `floor` the
+    bare endpoint (`bullpen.bench.floor`) takes its turn after the servers in every round.
     """
     if rounds < 1:
         raise ValueError("rounds must be >= 1")
@@ -482,37 +513,40 @@ async def run_create_bench(
         if tree is not None:
             infos.append(ServerInfo("baseline", tree.ref, tree.commit))
             sources.append(tree)
-        # Start both at once (imports and `init` take seconds); neither is under load yet.
+        starting: list[Any] = [
+            spawn_server(backend, pg_admin_url=pg_admin_url, env=SERVER_ENV, sim="none", source=src)
+            for src in sources
+        ]
+        if floor:
+            infos.append(ServerInfo("floor", "bare endpoint, bullpen.bench.floor", commit))
+            starting.append(spawn_floor(backend, pg_admin_url=pg_admin_url))
+        # Start them all at once (imports and `init` take seconds); none is under load yet.
         started = await asyncio.gather(
-            *(
-                stack.enter_async_context(
-                    spawn_server(
-                        backend, pg_admin_url=pg_admin_url, env=SERVER_ENV, sim="none", source=src
-                    )
-                )
-                for src in sources
-            ),
-            return_exceptions=True,
+            *(stack.enter_async_context(cm) for cm in starting), return_exceptions=True
         )
-        servers: list[tuple[ServerInfo, SpawnedServer]] = []
+        servers: list[tuple[ServerInfo, _Target]] = []
         for info, item in zip(infos, started, strict=True):
             if isinstance(item, BaseException):
                 raise item  # the stack stops whichever server did start
-            servers.append((info, item))
+            if isinstance(item, SpawnedServer):
+                target = _Target(item.base_url, item.api_key, item.agent_id, item.pid)
+            else:  # the floor takes any bearer token and stores any agent id
+                target = _Target(item.base_url, uuid.uuid4().hex, str(uuid.uuid4()), item.pid)
+            servers.append((info, target))
         results: list[CreateRound] = []
         load_before = _load_1m()
         for index in range(1, rounds + 1):
-            for info, spawned in servers:  # one server under load at a time
+            for info, target in servers:  # one server under load at a time
                 result = await run_create_load(
-                    spawned.base_url,
-                    spawned.api_key,
-                    spawned.agent_id,
+                    target.base_url,
+                    target.api_key,
+                    target.agent_id,
                     concurrency=concurrency,
                     duration_s=duration_s,
                     warmup_s=warmup_s,
                     server=info.name,
                     index=index,
-                    server_pid=spawned.pid,
+                    server_pid=target.pid,
                 )
                 results.append(result)
                 if on_round is not None:
@@ -528,6 +562,16 @@ async def run_create_bench(
             load_before=load_before,
             load_after=_load_1m(),
         )
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where one measured server listens, the credentials it takes and its pid."""
+
+    base_url: str
+    api_key: str = field(repr=False)
+    agent_id: str
+    pid: int
 
 
 def render_create_table(comparison: CreateComparison) -> Table:
@@ -564,6 +608,13 @@ def render_create_table(comparison: CreateComparison) -> Table:
         cells = [_fmt(ratio[k], 2) for k in ("created_per_s", "p50_ms", "p99_ms")]
         cells.append(_fmt(ratio["server_cpu_ms_per_create"], 2))
         table.add_row("ratio", "current / baseline", *cells, "", "", style="bold")
+    floor_ratio = c.floor_ratio()
+    if floor_ratio is not None:
+        if ratio is None:
+            table.add_section()
+        cells = [_fmt(floor_ratio[k], 2) for k in ("created_per_s", "p50_ms", "p99_ms")]
+        cells.append(_fmt(floor_ratio["server_cpu_ms_per_create"], 2))
+        table.add_row("ratio", "current / floor", *cells, "", "", style="bold")
     lines = ["; ".join(f"{s.name} = {s.ref} ({(s.commit or '?')[:12]})" for s in c.servers)]
     if c.load_before is not None and c.load_after is not None:
         lines.append(
@@ -575,6 +626,12 @@ def render_create_table(comparison: CreateComparison) -> Table:
         verdict = "met" if cost <= THROUGHPUT_COST_GOAL_PCT else "NOT met"
         goal = f"goal ≤ {THROUGHPUT_COST_GOAL_PCT:g} %: {verdict}"
         lines.append(f"throughput cost {cost:.1f} % ({goal})")
+    of_floor = c.pct_of_floor()
+    if of_floor is not None:
+        verdict = "met" if of_floor >= FLOOR_GOAL_PCT else "NOT met"
+        lines.append(
+            f"creates/s {of_floor:.0f} % of the floor's (goal ≥ {FLOOR_GOAL_PCT:g} %: {verdict})"
+        )
     errors: Counter[str] = sum((Counter(r.errors) for r in c.results), Counter())
     if errors:
         lines.append("errors: " + ", ".join(f"{k}={n}" for k, n in sorted(errors.items())))

@@ -120,6 +120,10 @@ class QueueClient:
                 return True
         return False
 
+    async def cap(self, agent_id: str, runs: int) -> None:
+        """Let the agent run at most `runs` runs at once."""
+        await self._call("PATCH", f"/api/v1/agents/{agent_id}", {"max_concurrent_runs": runs})
+
     async def uncap(self, agent_id: str) -> None:
         """Let the agent run as many runs at once as the API allows (its stated maximum)."""
         cap = await agent_run_cap(self.http, self.base_url)

@@ -14,6 +14,12 @@ run and wakes the workers) and read back through it with their runs' own timesta
   wakes the workers as it always does (NOTIFY to a `bullpen worker` process on PostgreSQL; on
   SQLite the in-process signal to the worker of the same `bullpen up`); the run's
   `started_at − queued_at` is recorded.
+- **freed-slot wake**: the agent may run one run at a time (`max_concurrent_runs` 1, set over
+  the API); K tasks are created while no worker runs, then the worker(s) start and run them one
+  after the other. Each gap between one run's `finished_at` and the next run's `started_at`
+  (the runs' own timestamps, read over the API) is how long a waiting run took to start after
+  the slot freed. Measured as one `bullpen up` (API and worker in one process; SQLite and
+  PostgreSQL) and, on PostgreSQL, as an API-only `bullpen up` and two `bullpen worker`s.
 - **noisy neighbour** (PostgreSQL): workspace B submits 8 tasks/s alone, then again while
   workspace A submits 20× that, more than the worker can run; B's queue waits are compared.
 """
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import secrets
 import shutil
@@ -53,6 +60,10 @@ from bullpen.bench.spawn import (
 
 Backend = Literal["sqlite", "postgres"]
 PROMPT = "Summarise the quarterly numbers for the team"
+DEFAULT_WAKE_RUNS = 100
+#: Issue 21: a waiting run starts within this long (p99) after the slot frees (PostgreSQL,
+#: API + two workers).
+WAKE_P99_GOAL_MS = 20
 ZERO_LATENCY = {
     "BULLPEN_SIM_TTFT_MS": "0",
     "BULLPEN_SIM_TOKENS_PER_SECOND": "1000000",
@@ -70,6 +81,7 @@ class Percentiles:
     p50_ms: float
     p99_ms: float
     max_ms: float
+    p95_ms: float = float("nan")
 
     @classmethod
     def of(cls, seconds: list[float]) -> Percentiles:
@@ -77,8 +89,13 @@ class Percentiles:
         ordered = sorted(seconds)
         if not ordered:
             return cls(0, float("nan"), float("nan"), float("nan"))
-        p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-        return cls(len(ordered), 1000 * statistics.median(ordered), 1000 * p99, 1000 * ordered[-1])
+
+        def at(p: float) -> float:
+            return 1000 * ordered[min(len(ordered) - 1, round(p * (len(ordered) - 1)))]
+
+        return cls(
+            len(ordered), 1000 * statistics.median(ordered), at(0.99), 1000 * ordered[-1], at(0.95)
+        )
 
 
 @dataclass
@@ -94,11 +111,25 @@ class Throughput:
 
 
 @dataclass
+class Wake:
+    """One freed-slot wake measurement: the gaps between a run's finish and the next's start."""
+
+    layout: str  # "one process" or "API + N workers"
+    runs: int
+    gaps: Percentiles
+    #: Gaps left out: the next run was queued after the slot freed (no wait to measure).
+    not_waiting: int
+    #: Runs that started before the previous one finished: the cap of 1 did not hold.
+    overlaps: int
+
+
+@dataclass
 class QueueReport:
     """Everything `--scenario queue` measured."""
 
     throughput: list[Throughput] = field(default_factory=list)
     latency: dict[str, Percentiles] = field(default_factory=dict)
+    wake: dict[str, Wake] = field(default_factory=dict)
     noisy: dict[str, Any] = field(default_factory=dict)
 
 
@@ -357,6 +388,70 @@ async def measure_latency(
     return Percentiles.of(_waits(rows))
 
 
+def wake_gaps(rows: list[RunTimes]) -> tuple[list[float], int, int]:
+    """Finish-to-next-start gaps of runs that ran one at a time, in seconds; with how many
+    were left out because the next run was not yet queued, and how many runs overlapped."""
+    ran = sorted(
+        (r for r in rows if r.started_at is not None and r.finished_at is not None),
+        key=lambda r: r.started_at or r.queued_at,
+    )
+    gaps: list[float] = []
+    not_waiting = overlaps = 0
+    for previous, following in itertools.pairwise(ran):
+        assert previous.finished_at is not None and following.started_at is not None
+        if following.queued_at > previous.finished_at:
+            not_waiting += 1
+            continue
+        gap = (following.started_at - previous.finished_at).total_seconds()
+        if gap < 0:
+            overlaps += 1
+            continue
+        gaps.append(gap)
+    return gaps, not_waiting, overlaps
+
+
+async def measure_wake(
+    backend: Backend,
+    runs: int,
+    pg_admin_url: str,
+    *,
+    workers: int = 0,
+    seed: Seed | None = None,
+) -> Wake:
+    """Freed-slot wake latency: `runs` tasks of an agent capped at one run at a time.
+
+    With `workers` 0 one `bullpen up` (API and worker) runs them; otherwise an API-only
+    `bullpen up` and that many `bullpen worker` processes (PostgreSQL). The tasks are all
+    created before any worker runs, so every run but the first waits for the slot.
+    """
+    if workers and backend != "postgres":
+        raise ValueError("worker processes beside the API need PostgreSQL")
+    async with (
+        _cluster(backend, pg_admin_url, seed) as cluster,
+        aiohttp.ClientSession() as http,
+    ):
+        await cluster.start_api(worker=False)
+        client = cluster.client(http)
+        await client.cap(cluster.agent_id, 1)
+        ids = await client.create_tasks(cluster.agent_id, runs, PROMPT)
+        if workers:
+            await cluster.start_workers(workers)
+        else:
+            await cluster.stop_api()
+            await cluster.start_api(worker=True)
+            client = cluster.client(http)
+        # Today a waiting run may wait for the next poll (1 s): allow for that and more.
+        await _wait_done(client, 60 + 2.0 * runs)
+        rows = await client.runs(ids)
+        await cluster.stop_workers()
+    not_done = sum(1 for r in rows if r.status != "done")
+    if not_done:
+        raise RuntimeError(f"{not_done} of {runs} runs did not finish")
+    gaps, not_waiting, overlaps = wake_gaps(rows)
+    layout = f"API + {workers} workers" if workers else "one process"
+    return Wake(layout, runs, Percentiles.of(gaps), not_waiting, overlaps)
+
+
 async def measure_noisy_neighbour(pg_admin_url: str, *, seed: Seed | None = None) -> dict[str, Any]:
     """B's queue wait alone and while A floods the queue (one worker, 8 slots, ~60 ms runs)."""
     async with (
@@ -448,9 +543,11 @@ async def run_queue_bench(
     worker_counts: list[int],
     samples: int,
     pg_admin_url: str,
+    wake_runs: int = DEFAULT_WAKE_RUNS,
     on_step: Callable[[str], None] | None = None,
 ) -> QueueReport:
-    """Throughput for each worker count, idle claim latency and (PostgreSQL) a noisy neighbour."""
+    """Throughput for each worker count, idle claim latency, the freed-slot wake (unless
+    `wake_runs` is 0) and (PostgreSQL) a noisy neighbour."""
     report = QueueReport()
     say = on_step or (lambda _line: None)
     async with seeded(backend, pg_admin_url) as seed:
@@ -460,6 +557,13 @@ async def run_queue_bench(
             say(f"{count} worker(s): {result.runs_per_s:.0f} runs/s ({result.runs} runs)")
         report.latency["idle"] = await measure_latency(backend, samples, pg_admin_url, seed=seed)
         say(f"claim-to-start p50 {report.latency['idle'].p50_ms:.1f} ms")
+        if wake_runs:
+            for workers in (0, 2) if backend == "postgres" else (0,):
+                wake = await measure_wake(
+                    backend, wake_runs, pg_admin_url, workers=workers, seed=seed
+                )
+                report.wake[wake.layout] = wake
+                say(f"freed-slot wake, {wake.layout}: p99 {wake.gaps.p99_ms:.1f} ms")
         if backend == "postgres":
             report.noisy = await measure_noisy_neighbour(pg_admin_url, seed=seed)
             say("noisy neighbour measured")
@@ -473,12 +577,23 @@ def queue_report_json(report: QueueReport, backend: Backend) -> dict[str, Any]:
         "backend": backend,
         "throughput": [vars(t) for t in report.throughput],
         "claim_to_start_ms": {k: vars(v) for k, v in report.latency.items()},
+        "freed_slot_wake": [
+            {
+                "layout": w.layout,
+                "runs": w.runs,
+                "gaps_ms": vars(w.gaps),
+                "not_waiting": w.not_waiting,
+                "overlaps": w.overlaps,
+            }
+            for w in report.wake.values()
+        ],
         "noisy_neighbour": {
             k: (vars(v) if isinstance(v, Percentiles) else v) for k, v in report.noisy.items()
         },
         "goals": {
             "runs_per_s_min": 500,
             "claim_to_start_p99_ms_max": 25,
+            "freed_slot_wake_p99_ms_max": WAKE_P99_GOAL_MS,
         },
     }
 
@@ -495,6 +610,14 @@ def queue_report_lines(report: QueueReport, backend: Backend) -> list[str]:
         lines.append(
             f"  claim-to-start ({name} workers, {p.count} runs): p50 {p.p50_ms:.1f} ms, "
             f"p99 {p.p99_ms:.1f} ms, max {p.max_ms:.1f} ms"
+        )
+    for w in report.wake.values():
+        g = w.gaps
+        lines.append(
+            f"  freed-slot wake ({w.layout}, agent capped at 1 run, {w.runs} runs, {g.count} "
+            f"gaps): p50 {g.p50_ms:.1f} ms, p95 {g.p95_ms:.1f} ms, p99 {g.p99_ms:.1f} ms, "
+            f"max {g.max_ms:.1f} ms (goal p99 ≤ {WAKE_P99_GOAL_MS} ms on PostgreSQL, API + 2 "
+            f"workers; {w.not_waiting} not waiting, {w.overlaps} overlaps)"
         )
     if report.noisy:
         alone, crowded = report.noisy["b_alone"], report.noisy["b_crowded"]

@@ -39,12 +39,14 @@ from bullpen.errors import BullpenError
 __all__ = [
     "SourceTree",
     "SpawnError",
+    "SpawnedFloor",
     "SpawnedServer",
     "agent_run_cap",
     "extract_revision",
     "free_port",
     "head_commit",
     "project_root",
+    "spawn_floor",
     "spawn_server",
     "stop_process",
 ]
@@ -540,6 +542,55 @@ async def spawn_server(
         )
     except BaseException:
         # Do not let a cleanup failure hide the error that got us here.
+        with contextlib.suppress(Exception):
+            await res.close()
+        raise
+    await res.close()
+
+
+@dataclass(frozen=True)
+class SpawnedFloor:
+    """A running floor server (`bullpen.bench.floor`): any bearer token is accepted."""
+
+    base_url: str
+    pid: int
+    backend: Backend
+
+
+@contextlib.asynccontextmanager
+async def spawn_floor(
+    backend: Backend, *, pg_admin_url: str = "postgresql://postgres@127.0.0.1:5432/test"
+) -> AsyncIterator[SpawnedFloor]:
+    """Start the create scenario's bare endpoint on a fresh database; tear it down on exit.
+
+    It always runs this checkout's `python -m bullpen.bench.floor`, whatever revision the
+    servers it is compared with run.
+    """
+    if backend not in ("sqlite", "postgres"):
+        raise ValueError(f"unknown backend {backend!r}")
+    data_dir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="bullpen-floor-"))
+    res = _Resources(data_dir, pg_admin_url)
+    try:
+        if backend == "postgres":
+            res.database = await _create_database(pg_admin_url)
+            url = _with_database(pg_admin_url, res.database, scheme="postgresql+asyncpg")
+        else:
+            url = f"sqlite:///{data_dir / 'floor.db'}"
+        port = free_port()
+        base_url = f"http://127.0.0.1:{port}"
+        stderr_path = data_dir / "floor.stderr.log"
+        res.stderr_file = stderr_path.open("wb")
+        res.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "bullpen.bench.floor", "--database-url", url, "--port", str(port)),
+            cwd=project_root(),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=res.stderr_file,
+        )
+        await _wait_ready(res.proc, base_url, stderr_path, READY_TIMEOUT_S)
+        yield SpawnedFloor(base_url=base_url, pid=res.proc.pid, backend=backend)
+    except BaseException:
         with contextlib.suppress(Exception):
             await res.close()
         raise

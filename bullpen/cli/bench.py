@@ -58,9 +58,17 @@ def bench(
     baseline_ref: Annotated[
         str | None,
         typer.Option(
-            help="[create] Also measure this git revision (e.g. cebf6e6), rounds alternating."
+            help="[reference, create] Also measure this git revision (e.g. cebf6e6), rounds "
+            "alternating."
         ),
     ] = None,
+    floor: Annotated[
+        bool,
+        typer.Option(
+            help="[create] Also measure the floor: a bare endpoint (same framework and driver, "
+            "one insert per request) in its own process, rounds alternating."
+        ),
+    ] = True,
     concurrency: Annotated[
         int, typer.Option(help="[create] Clients creating tasks back to back.")
     ] = 32,
@@ -76,7 +84,12 @@ def bench(
         typer.Option(help="[create, relay, workflow] Warm-up seconds before each round."),
     ] = 3.0,
     rounds: Annotated[
-        int, typer.Option(help="[create, relay] Rounds per server (relay: per side and level).")
+        int,
+        typer.Option(
+            help="[reference with --baseline-ref, create, relay] Rounds per server (relay: per "
+            "side and level). Default 3; 1 for the reference scenario (a round is ~3 min at "
+            "--scale 1)."
+        ),
     ] = 3,
     runs: Annotated[
         int, typer.Option(help="[queue] Runs enqueued for each throughput measurement.")
@@ -88,6 +101,13 @@ def bench(
     samples: Annotated[
         int, typer.Option(help="[queue] Runs enqueued one at a time for the latency.")
     ] = 200,
+    wake_runs: Annotated[
+        int,
+        typer.Option(
+            help="[queue] Runs of an agent capped at one run at a time, for the freed-slot "
+            "wake latency (0: not measured)."
+        ),
+    ] = 100,
     streams: Annotated[
         str,
         typer.Option(
@@ -115,14 +135,26 @@ def bench(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON, no progress bar.")] = False,
 ) -> None:
     """Load tests: the reference scenario (default), create throughput (--scenario create),
-    the run queue (--scenario queue: runs/s per worker count, claim latency, noisy neighbour),
+    the run queue (--scenario queue: runs/s per worker count, claim latency, freed-slot wake,
+    noisy neighbour),
     the relay (--scenario relay: latency it adds over calling the provider directly), live
     streams (--scenario streams: streams held, delivery latency, memory, database writes) or
     agent workflows (--scenario workflow: workflows/s, how soon a parent wakes)."""
     only: dict[str, tuple[str, ...]] = {
-        "reference": ("url", "api_key", "agent_id", "scale", "peak", "hold", "think", "sim"),
-        "create": ("baseline_ref", "concurrency", "duration", "warmup", "rounds"),
-        "queue": ("runs", "workers", "samples"),
+        "reference": (
+            "url",
+            "api_key",
+            "agent_id",
+            "scale",
+            "peak",
+            "hold",
+            "think",
+            "sim",
+            "baseline_ref",
+            "rounds",
+        ),
+        "create": ("baseline_ref", "floor", "concurrency", "duration", "warmup", "rounds"),
+        "queue": ("runs", "workers", "samples", "wake_runs"),
         "relay": ("streams", "duration", "warmup", "rounds", "api_processes"),
         "streams": ("streams", "duration", "bus", "redis_url"),
         "workflow": ("workflows", "duration", "warmup"),
@@ -133,19 +165,24 @@ def bench(
         )
     if backend not in ("sqlite", "postgres"):
         raise typer.BadParameter("--backend must be sqlite or postgres")
-    for other, names in only.items():
-        for name in names:
-            source = ctx.get_parameter_source(name)
-            # By name: typer vendors its own copy of click's ParameterSource enum.
-            given = source is not None and source.name != "DEFAULT"
-            if given and name not in only[scenario]:
-                option = "--" + name.replace("_", "-")
-                raise typer.BadParameter(f"{option} applies to --scenario {other} only")
+
+    def given(name: str) -> bool:
+        source = ctx.get_parameter_source(name)
+        # By name: typer vendors its own copy of click's ParameterSource enum.
+        return source is not None and source.name != "DEFAULT"
+
+    for name in sorted({name for names in only.values() for name in names}):
+        if given(name) and name not in only[scenario]:
+            option = "--" + name.replace("_", "-")
+            owners = [other for other, names in only.items() if name in names]
+            listed = " or ".join(", ".join(owners).rsplit(", ", 1))
+            raise typer.BadParameter(f"{option} applies to --scenario {listed} only")
     if scenario == "create":
         bench_create(
             backend,
             pg_url=pg_url,
             baseline_ref=baseline_ref,
+            floor=floor,
             concurrency=concurrency,
             duration=duration,
             warmup=warmup,
@@ -191,9 +228,33 @@ def bench(
         return
     if scenario == "queue":
         bench_queue(
-            backend, pg_url=pg_url, runs=runs, workers=workers, samples=samples, as_json=as_json
+            backend,
+            pg_url=pg_url,
+            runs=runs,
+            workers=workers,
+            samples=samples,
+            wake_runs=wake_runs,
+            as_json=as_json,
         )
         return
+    if baseline_ref is not None:
+        if url is not None:
+            raise typer.BadParameter("--baseline-ref starts both servers: it cannot use --url")
+        bench_reference_compare(
+            backend,
+            pg_url=pg_url,
+            baseline_ref=baseline_ref,
+            rounds=rounds if given("rounds") else 1,
+            scale=scale,
+            peak=peak,
+            hold=hold,
+            think=think,
+            sim=sim,
+            as_json=as_json,
+        )
+        return
+    if given("rounds"):
+        raise typer.BadParameter("--rounds applies to the reference scenario with --baseline-ref")
     bench_reference(
         backend,
         pg_url=pg_url,
@@ -277,6 +338,74 @@ def bench_reference(
         print(json.dumps(report), flush=True)
 
 
+def bench_reference_compare(
+    backend: str,
+    *,
+    pg_url: str,
+    baseline_ref: str,
+    rounds: int,
+    scale: float,
+    peak: int,
+    hold: int,
+    think: float,
+    sim: str,
+    as_json: bool,
+) -> None:
+    """`bullpen bench --baseline-ref REV`: the reference scenario on this code and on REV."""
+    from bullpen.bench.refcompare import (
+        ReferenceRound,
+        render_reference_table,
+        run_reference_bench,
+    )
+    from bullpen.bench.report import LiveProgress, Snapshot, live_progress
+    from bullpen.bench.stages import default_stages, total_duration
+
+    if sim not in ("process", "inprocess"):
+        raise typer.BadParameter("--sim must be process or inprocess")
+    if think < 0 or peak < 1 or hold < 1 or rounds < 1:
+        raise typer.BadParameter("--think must be >= 0; --peak, --hold and --rounds >= 1")
+    if not baseline_ref or baseline_ref.startswith("-"):
+        raise typer.BadParameter("--baseline-ref must name a git revision")
+    try:
+        stages = default_stages(scale=scale, peak=peak, hold=hold)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    bar: list[LiveProgress] = []  # the current round's progress bar, if one is showing
+
+    def tick(snap: Snapshot) -> None:
+        if not bar:
+            bar.append(live_progress(total_duration(stages)).__enter__())
+        bar[0].update(snap)
+        if snap.finished:
+            bar.pop().__exit__(None, None, None)
+
+    def progress(r: ReferenceRound) -> None:
+        total = r.result.total
+        console.print(
+            f"round {r.index}/{rounds} {r.server}: {total.created} created, "
+            f"{total.completed} done, {total.errors_total} errors",
+            highlight=False,
+        )
+
+    comparison = uvloop.run(
+        run_reference_bench(
+            backend,  # type: ignore[arg-type]
+            baseline_ref=baseline_ref,
+            stages=stages,
+            think_s=think,
+            sim=sim,  # type: ignore[arg-type]
+            rounds=rounds,
+            pg_admin_url=pg_url,
+            on_tick=None if as_json else tick,
+            on_round=None if as_json else progress,
+        )
+    )
+    if as_json:
+        print(json.dumps(comparison.as_dict()), flush=True)
+    else:
+        Console(width=max(Console().width, 130)).print(render_reference_table(comparison))
+
+
 def _counts(value: str, option: str) -> list[int]:
     """A comma-separated list of counts, each at least 1."""
     try:
@@ -308,6 +437,7 @@ def bench_create(
     *,
     pg_url: str,
     baseline_ref: str | None,
+    floor: bool,
     concurrency: int,
     duration: float,
     warmup: float,
@@ -340,6 +470,7 @@ def bench_create(
             duration_s=duration,
             warmup_s=warmup,
             rounds=rounds,
+            floor=floor,
             on_round=progress,
         )
     )
@@ -350,7 +481,14 @@ def bench_create(
 
 
 def bench_queue(
-    backend: str, *, pg_url: str, runs: int, workers: str, samples: int, as_json: bool
+    backend: str,
+    *,
+    pg_url: str,
+    runs: int,
+    workers: str,
+    samples: int,
+    wake_runs: int,
+    as_json: bool,
 ) -> None:
     """`bullpen bench --scenario queue`: the run queue with real worker processes."""
     from bullpen.bench.runqueue import queue_report_json, queue_report_lines, run_queue_bench
@@ -358,6 +496,8 @@ def bench_queue(
     counts = _counts(workers, "--workers")
     if runs < 1 or samples < 1:
         raise typer.BadParameter("--runs and --samples must be >= 1")
+    if wake_runs != 0 and wake_runs < 2:
+        raise typer.BadParameter("--wake-runs must be 0 (not measured) or >= 2")
     if backend == "sqlite" and counts != [1]:
         if workers != "1,2,4":
             raise typer.BadParameter("SQLite has one worker process (one writer): --workers 1")
@@ -370,6 +510,7 @@ def bench_queue(
             worker_counts=counts,
             samples=samples,
             pg_admin_url=pg_url,
+            wake_runs=wake_runs,
             on_step=_stepper(as_json),
         )
     )

@@ -2,7 +2,8 @@
 
 A short real run: every create the client counted must be a task the server stored (read back
 through the API), with no errors and runs left queued (the worker is off). `--baseline-ref HEAD`
-runs the whole `bullpen bench` command with a second server from an extracted revision.
+runs the whole `bullpen bench` command with a second server from an extracted revision and the
+floor (a bare endpoint, `bullpen.bench.floor`), which is also checked on its own.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import pytest
 from typer.testing import CliRunner
 
 from bullpen.bench.createload import SERVER_ENV, CreateComparison, ServerInfo, run_create_load
-from bullpen.bench.spawn import SpawnedServer, project_root, spawn_server
+from bullpen.bench.spawn import SpawnedServer, project_root, spawn_floor, spawn_server
 from bullpen.cli import cli
+from tests.support.postgres import PG_ADMIN_URL
 
 ROUND_KEYS = {
     "round",
@@ -52,6 +54,8 @@ REPORT_KEYS = {
     "ratio",
     "throughput_cost_pct",
     "goal",
+    "floor_ratio",
+    "floor_goal",
     "errors_total",
     "machine",
 }
@@ -116,9 +120,45 @@ async def test_every_counted_create_is_a_stored_task() -> None:
         MEDIAN_KEYS
     )
     assert report["ratio"] is None and report["goal"]["met"] is None
+    assert report["floor_ratio"] is None and report["floor_goal"]["met"] is None
     json.dumps(report)  # plain JSON
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_the_floor_stores_one_row_a_create_and_checks_the_bearer(backend: str) -> None:
+    async with spawn_floor(backend, pg_admin_url=PG_ADMIN_URL) as floor:  # type: ignore[arg-type]
+        url = f"{floor.base_url}/api/v1/tasks"
+        body = {"prompt": "Summarise the numbers", "agent_id": "a1"}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url, json=body) as resp:
+                assert resp.status == 401
+            auth = {"Authorization": "Bearer anything"}
+            async with http.post(url, json={"prompt": 3}, headers=auth) as resp:
+                assert resp.status == 422
+            ids = set()
+            for _ in range(3):
+                async with http.post(url, json=body, headers=auth) as resp:
+                    assert resp.status == 201
+                    created = await resp.json()
+                assert created["agent_id"] == "a1" and created["status"] == "queued"
+                ids.add(created["id"])
+        result = await run_create_load(
+            floor.base_url,
+            "any-token",
+            "a1",
+            concurrency=4,
+            duration_s=1.0,
+            warmup_s=0.2,
+            server="floor",
+            server_pid=floor.pid,
+        )
+    assert len(ids) == 3
+    assert result.errors == {}, result.error_examples
+    assert result.created > 0 and result.duplicate_ids == 0
+    assert result.server_cpu_ms_per_create is not None and result.server_cpu_ms_per_create > 0
+
+
+@pytest.mark.timeout(240)
 def test_baseline_ref_head_runs_both_servers_alternately() -> None:
     head = subprocess.run(
         ["git", "-C", str(project_root()), "rev-parse", "HEAD"],
@@ -132,24 +172,30 @@ def test_baseline_ref_head_runs_both_servers_alternately() -> None:
         [sys.executable, "-m", "bullpen", "bench", *args],
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=220,  # three servers start at once on a shared 2-core machine
         check=False,
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert set(report) == REPORT_KEYS
     assert report["scenario"] == "create" and report["backend"] == "sqlite"
-    assert [s["name"] for s in report["servers"]] == ["current", "baseline"]
     assert report["servers"][1]["ref"] == "HEAD" and report["servers"][1]["commit"] == head
+    assert [s["name"] for s in report["servers"]] == ["current", "baseline", "floor"]
     order = [(r["round"], r["server"]) for r in report["results"]]
-    assert order == [(1, "current"), (1, "baseline"), (2, "current"), (2, "baseline")]
+    assert order == [
+        *((1, name) for name in ("current", "baseline", "floor")),
+        *((2, name) for name in ("current", "baseline", "floor")),
+    ]
     for row in report["results"]:
         assert set(row) == ROUND_KEYS
         assert row["created"] > 0 and row["errors_total"] == 0, row["error_examples"]
-    assert set(report["median"]) == {"current", "baseline"}
+    assert set(report["median"]) == {"current", "baseline", "floor"}
     assert set(report["ratio"]) == {"created_per_s", "p50_ms", "p99_ms", "server_cpu_ms_per_create"}
     assert report["ratio"]["created_per_s"] > 0
     assert isinstance(report["goal"]["met"], bool)
+    assert set(report["floor_ratio"]) == set(report["ratio"])
+    assert report["floor_ratio"]["created_per_s"] > 0
+    assert isinstance(report["floor_goal"]["met"], bool)
 
 
 @pytest.mark.parametrize(
@@ -157,8 +203,15 @@ def test_baseline_ref_head_runs_both_servers_alternately() -> None:
     [
         (["--scenario", "create", "--think", "2"], "--think applies to --scenario reference"),
         (["--scenario", "create", "--url", "http://x"], "--url applies to --scenario reference"),
-        (["--rounds", "2"], "--rounds applies to --scenario create"),
-        (["--baseline-ref", "HEAD"], "--baseline-ref applies to --scenario create"),
+        (["--rounds", "2"], "--rounds applies to the reference scenario with --baseline-ref"),
+        (
+            ["--baseline-ref", "HEAD", "--url", "http://x", "--api-key", "k", "--agent-id", "a"],
+            "--baseline-ref starts both servers: it cannot use --url",
+        ),
+        (["--scenario", "queue", "--baseline-ref", "HEAD"], "applies to --scenario reference or"),
+        (["--floor"], "--floor applies to --scenario create only"),
+        (["--scenario", "queue", "--wake-runs", "1"], "--wake-runs must be 0"),
+        (["--wake-runs", "5"], "--wake-runs applies to --scenario queue only"),
         (
             ["--scenario", "nope"],
             "--scenario must be reference, create, queue, relay, streams or workflow",
@@ -169,7 +222,10 @@ def test_baseline_ref_head_runs_both_servers_alternately() -> None:
         (["--scenario", "relay", "--api-processes", "0"], "--api-processes must be >= 1"),
         (["--scenario", "workflow", "--workflows", "0"], "--workflows counts must be >= 1"),
         (["--runs", "10"], "--runs applies to --scenario queue"),
-        (["--scenario", "queue", "--rounds", "2"], "--rounds applies to --scenario create"),
+        (
+            ["--scenario", "queue", "--rounds", "2"],
+            "--rounds applies to --scenario reference, create or relay only",
+        ),
         (["--scenario", "queue", "--workers", "x"], "--workers must be a comma-separated"),
         (["--scenario", "create", "--concurrency", "0"], "--concurrency and --rounds"),
     ],
