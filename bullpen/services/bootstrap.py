@@ -19,6 +19,7 @@ from bullpen.store.base import Connection, Store
 
 ADMIN_EMAIL = "admin@bullpen.local"
 DEMO_AGENT = "demo"
+DEMO_AGENT_RUNS = 100  # runs of the demo agent at once
 SIMULATED_PROVIDER = "simulated"
 SIMULATED_MODEL = "sim-1"
 
@@ -79,6 +80,9 @@ async def ensure_bootstrap(store: Store, secret: bytes, clock: Callable[[], date
             adapter="llm",
             config={"provider": SIMULATED_PROVIDER, "model": SIMULATED_MODEL},
             now=now,
+            # The reference scenario's 80 users keep about 50 runs in flight: the demo agent
+            # costs nothing, so its cap carries them (agents one creates start at 10).
+            max_concurrent_runs=DEMO_AGENT_RUNS,
         )
         await audit.record(
             conn,
