@@ -19,7 +19,8 @@ The lifecycle is the supervisor's, unchanged:
 - A child that fails while starting (its app's start-up raised: the database unreachable, a
   bad setting) would fail the same way again: the parent stops every child and `supervise`
   returns 1, for the service manager to see.
-- SIGHUP replaces the children one at a time, each new one serving before the old one stops.
+- SIGHUP replaces the children one at a time, each new one serving before the old one stops
+  (one not serving within `HEALTHCHECK_S` is dropped, and the old ones keep running).
 """
 
 from __future__ import annotations

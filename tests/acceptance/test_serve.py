@@ -176,6 +176,7 @@ def wait_logged(log: IO[str], line: str, times: int) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.timeout(300)  # five `bullpen` processes start, two at once, on a shared machine
 @pytest.mark.parametrize("backend", ["postgres"])
 async def test_serve_processes_share_one_port_beside_a_worker(settings: Settings) -> None:
     env = process_env(settings, **FAST_SIM)
@@ -229,6 +230,7 @@ async def test_serve_processes_share_one_port_beside_a_worker(settings: Settings
         assert "Traceback" not in log
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend", ["postgres"])
 async def test_up_processes_each_run_a_worker(settings: Settings) -> None:
     api_key = await bootstrap_key(settings)
