@@ -26,6 +26,7 @@ The lifecycle is the supervisor's, unchanged:
 from __future__ import annotations
 
 import logging
+import sys
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -36,6 +37,8 @@ from bullpen import logs
 
 if TYPE_CHECKING:
     from bullpen.settings import Settings
+
+log = logging.getLogger(__name__)
 
 # How long a child may take to answer the parent's health ping (uvicorn's default is 5 s): a
 # child busy with a burst, on a machine short of CPU, must not be killed for it. The parent
@@ -66,7 +69,12 @@ class ChildConfig(uvicorn.Config):
         logs.configure(settings.log_format)
         # The parent migrated before any child started; each child's pass finds nothing to do.
         logging.getLogger("bullpen.store.migrate").setLevel(logging.WARNING)
-        super().__init__(create_app(settings), **server_options(settings, **options))
+        try:
+            app = create_app(settings)
+        except Exception:  # it would fail the same way in every replacement: stop them all
+            log.exception("the app could not be built")
+            sys.exit(STARTUP_FAILURE)
+        super().__init__(app, **server_options(settings, **options))
         super().load()
 
 

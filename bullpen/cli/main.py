@@ -181,8 +181,8 @@ def up(
 ) -> None:
     """Run Bullpen in one command: API, worker and the simulated provider.
 
-    With --processes N (PostgreSQL only) N processes serve the port, each with its own worker
-    and simulator; see docs/operations.md, "Several API processes on one port".
+    With --processes N (PostgreSQL only) N processes serve the port, each running all that
+    one `up` process runs; see docs/operations.md, "Several API processes on one port".
     """
     settings = _settings(data_dir, database_url, host=host, port=port)  # refused before imports
     _run_api(settings, processes=processes, quiet=quiet)
