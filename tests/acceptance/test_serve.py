@@ -43,10 +43,11 @@ TASK_DONE_S = 90.0  # a worker process's own start included
 
 @contextmanager
 def bullpen_processes(
-    env: dict[str, str], command: str, port: int, processes: int, *extra: str
+    env: dict[str, str], command: str, port: int, processes: int, *extra: str, wait: bool = True
 ) -> Iterator[tuple[subprocess.Popen[str], IO[str], IO[str]]]:
-    """`bullpen <command> --processes N` on `port` once it listens: the parent, its stdout and
-    its stderr (files); killed with its children if the test leaves it running."""
+    """`bullpen <command> --processes N` on `port` once it listens (a child listens once it
+    serves) unless not `wait`: the parent, its stdout and its stderr (files); killed with its
+    children if the test leaves it running."""
     stdout, stderr = log_file(), log_file()
     args = ["--port", str(port), "--processes", str(processes), *extra]
     proc = subprocess.Popen(
@@ -57,7 +58,8 @@ def bullpen_processes(
         text=True,
     )
     try:
-        wait_until_listening(port, proc, seconds=STARTED_S)
+        if wait:
+            wait_until_listening(port, proc, seconds=STARTED_S)
         yield proc, stdout, stderr
     finally:
         if proc.poll() is None:
@@ -241,6 +243,7 @@ async def test_up_processes_each_run_a_worker(settings: Settings) -> None:
     with bullpen_processes(env, "up", port, 2, "--quiet") as (proc, _, err):
         pids = servers(proc.pid, 2)
         everyone = set(children(proc.pid))
+        wait_logged(err, "Application startup complete", 2)
         task = await run_a_task(port, api_key, agent_id)
         assert task["status"] == "done", task
         proc.send_signal(signal.SIGINT)
@@ -250,6 +253,22 @@ async def test_up_processes_each_run_a_worker(settings: Settings) -> None:
         for pid in pids:
             assert f"Finished server process [{pid}]" in log
         assert "Traceback" not in log
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+async def test_a_child_that_cannot_start_stops_the_command(settings: Settings) -> None:
+    """A start-up failure would repeat in every replacement: the command exits 1. The vehicle
+    is a setting only the app reads as it starts (the parent's bootstrap does not)."""
+    env = process_env(settings, outbound_allow="10.0.0.0/99")
+    port = free_port()
+    with bullpen_processes(env, "serve", port, 2, "--quiet", wait=False) as (proc, _, err):
+        wait_logged(err, "Application startup failed", 1)
+        everyone = set(children(proc.pid))
+        assert proc.wait(90) == 1
+        wait_gone(everyone)
+        log = _read(err)
+    assert "Application startup failed" in log
+    assert "failed to start, stopping the parent process" in log
 
 
 def _refused(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
