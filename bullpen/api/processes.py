@@ -8,7 +8,7 @@ pool or thread of the parent's. A child receives only the settings and the serve
 (`ChildConfig`) and builds the rest in `load()`, inside its server: Bullpen's logging, the app
 and `edge.server_options` (the bounded protocol, limits and backlog), exactly as a
 single-process server has them. Loading waits until then because those imports take seconds,
-and the child answers the parent's health pings from the moment its server starts.
+and a child answers the parent's health pings from its start, not once it has loaded.
 
 The lifecycle is the supervisor's, unchanged:
 - SIGTERM or SIGINT to the parent sends SIGTERM to every child; each stops accepting, lets its
@@ -52,9 +52,8 @@ class ChildConfig(uvicorn.Config):
     completed in the child by `load()` (the app and the protocol class cannot be pickled)."""
 
     def __init__(self, settings: Settings, options: dict[str, Any]) -> None:
-        super().__init__(
-            _not_loaded, log_config=None, **options
-        )  # Bullpen's logging, not uvicorn's
+        # No log_config: Bullpen's logging, not uvicorn's, in the parent and in each child.
+        super().__init__(_not_loaded, log_config=None, **options)
         self.spec = (settings, options)
 
     def __reduce__(self) -> tuple[Any, ...]:
