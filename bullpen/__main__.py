@@ -2,4 +2,5 @@
 
 from bullpen.cli import main
 
-main()
+if __name__ == "__main__":  # not when a spawned child (`bullpen serve --processes`) loads it
+    main()

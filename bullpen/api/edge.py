@@ -191,16 +191,18 @@ def server_config(
     app: ASGIApp, settings: Settings, *, host: str, port: int, **options: Any
 ) -> uvicorn.Config:
     """The uvicorn config of a Bullpen server: its edge limits, proxies, no access log."""
-    return uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        http=bounded_protocol(settings),
+    return uvicorn.Config(app, **server_options(settings, host=host, port=port, **options))
+
+
+def server_options(settings: Settings, **options: Any) -> dict[str, Any]:
+    """uvicorn.Config's keyword arguments for a Bullpen server, `options` added."""
+    return {
+        "http": bounded_protocol(settings),
         # uvicorn answers 503 once open connections reach `limit_concurrency`, counting the
         # connection asking: one more than the number Bullpen allows.
-        limit_concurrency=settings.max_connections + 1,
-        forwarded_allow_ips=settings.forwarded_allow_ips,
-        access_log=False,
-        log_config=None,
+        "limit_concurrency": settings.max_connections + 1,
+        "forwarded_allow_ips": settings.forwarded_allow_ips,
+        "access_log": False,
+        "log_config": None,
         **options,
-    )
+    }

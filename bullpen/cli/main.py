@@ -1,5 +1,5 @@
-"""The `bullpen` command line: the root app and its server commands (up, worker, migrate, init,
-sim-provider).
+"""The `bullpen` command line: the root app and its server commands (up, serve, worker,
+migrate, init, sim-provider).
 
 `bench` is in `bullpen.cli.bench`, `providers` and `routes` in `bullpen.cli.gateway`, `agents`
 in `bullpen.cli.agents`; what they share is in `bullpen.cli.output`, `.options` and `.client`.
@@ -75,7 +75,7 @@ async def _bootstrap(settings: Settings) -> Bootstrap:
         )
 
 
-def _banner(settings: Settings, boot: Bootstrap, url: str) -> None:
+def _banner(settings: Settings, boot: Bootstrap, url: str, processes: int) -> None:
     body = json.dumps(
         {"prompt": "Analyze this dataset and extract key metrics", "agent_id": str(boot.agent_id)}
     )
@@ -97,7 +97,14 @@ def _banner(settings: Settings, boot: Bootstrap, url: str) -> None:
         f"  store:     {'SQLite' if settings.is_sqlite else 'PostgreSQL'}"
         f"{' in ' + str(settings.data_dir) if settings.is_sqlite else ''}"
     )
-    console.print("  provider:  [yellow]simulated[/] (built in, no network, clearly labelled)")
+    if processes > 1:
+        console.print(f"  processes: {processes} on one port", highlight=False)
+    if settings.sim_url:
+        console.print(f"  provider:  [yellow]simulated[/] at {settings.sim_url}", highlight=False)
+    elif settings.sim_enabled:
+        console.print("  provider:  [yellow]simulated[/] (built in, no network, clearly labelled)")
+    if not settings.worker_enabled:
+        console.print("  worker:    none here: tasks run in `bullpen worker` processes")
     console.print(f"  login:     {boot.email}", highlight=False)
     if boot.created:
         console.print(f"  password:  {boot.password}   [dim](shown once)[/]", highlight=False)
@@ -108,24 +115,36 @@ def _banner(settings: Settings, boot: Bootstrap, url: str) -> None:
     print(stream, flush=True)
 
 
-@cli.command()
-def up(
-    host: Annotated[str | None, typer.Option(help="Bind address (BULLPEN_HOST).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (BULLPEN_PORT).")] = None,
-    data_dir: DataDir = None,
-    database_url: DatabaseUrl = None,
-    quiet: Annotated[bool, typer.Option(help="Print no banner.")] = False,
-) -> None:
-    """Run Bullpen in one process: API, worker and the simulated provider."""
-    settings = _settings(data_dir, database_url, host=host, port=port)  # refused before imports
+Host = Annotated[str | None, typer.Option(help="Bind address (BULLPEN_HOST).")]
+Port = Annotated[int | None, typer.Option(help="Port (BULLPEN_PORT).")]
+Quiet = Annotated[bool, typer.Option(help="Print no banner.")]
+Processes = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        envvar="BULLPEN_PROCESSES",
+        help="API processes sharing the one port, no balancer needed; more than 1 needs "
+        "PostgreSQL.",
+        show_default=True,
+    ),
+]
+
+
+def _run_api(settings: Settings, *, processes: int, quiet: bool) -> None:
+    """Bootstrap and print the banner once, then serve from one process or `processes`."""
+    from bullpen.errors import InvalidInput
+
+    if processes > 1 and settings.is_sqlite:
+        raise InvalidInput(
+            f"--processes {processes} needs PostgreSQL (--database-url or "
+            "BULLPEN_DATABASE_URL): a SQLite data directory has one writer process"
+        )
 
     import logging
 
     import uvicorn
 
     from bullpen import logs
-    from bullpen.api.app import create_app
-    from bullpen.api.edge import server_config
     from bullpen.store.migrate import log as migration_log
 
     logs.configure(settings.log_format)
@@ -133,17 +152,79 @@ def up(
     # The bootstrap has migrated and said so in one line; the app's own pass finds nothing to do.
     migration_log.setLevel(logging.WARNING)
     if not quiet:
-        _banner(settings, boot, f"http://{settings.host}:{settings.port}")
+        _banner(settings, boot, f"http://{settings.host}:{settings.port}", processes)
+    options: dict[str, Any] = {"loop": "uvloop", "timeout_graceful_shutdown": 5, "backlog": 4096}
+    if processes > 1:
+        from bullpen.api.processes import supervise
+
+        code = supervise(settings, processes, **options)
+        if code:
+            raise typer.Exit(code)
+        return
+    from bullpen.api.app import create_app
+    from bullpen.api.edge import server_config
+
     config = server_config(
-        create_app(settings),
-        settings,
-        host=settings.host,
-        port=settings.port,
-        loop="uvloop",
-        timeout_graceful_shutdown=5,
-        backlog=4096,
+        create_app(settings), settings, host=settings.host, port=settings.port, **options
     )
     uvicorn.Server(config).run()
+
+
+@cli.command()
+def up(
+    host: Host = None,
+    port: Port = None,
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    quiet: Quiet = False,
+    processes: Processes = 1,
+) -> None:
+    """Run Bullpen in one command: API, worker and the simulated provider.
+
+    With --processes N (PostgreSQL only) N processes serve the port, each running all that
+    one `up` process runs; see docs/operations.md, "Several API processes on one port".
+    """
+    settings = _settings(data_dir, database_url, host=host, port=port)  # refused before imports
+    _run_api(settings, processes=processes, quiet=quiet)
+
+
+@cli.command()
+def serve(
+    host: Host = None,
+    port: Port = None,
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    quiet: Quiet = False,
+    processes: Processes = 1,
+    simulator: Annotated[
+        bool,
+        typer.Option(
+            envvar="BULLPEN_SIM_ENABLED",
+            help="Start the built-in simulated provider in each process (BULLPEN_SIM_URL "
+            "names one running elsewhere instead).",
+        ),
+    ] = False,
+) -> None:
+    """Run the API only (PostgreSQL), for production beside `bullpen worker` processes.
+
+    No worker runs here, so no run executes and no routine fires in these processes: start
+    one or more `bullpen worker` on the same database. With --processes N, N processes serve
+    the port. On SIGTERM or SIGINT every process stops accepting, finishes its requests and
+    exits; a process that dies is replaced, and if one fails to start the command stops and
+    exits 1. See docs/operations.md, "Several API processes on one port".
+    """
+    settings = _settings(
+        data_dir, database_url, host=host, port=port, worker_enabled=False, sim_enabled=simulator
+    )
+    if settings.is_sqlite:
+        from bullpen.errors import InvalidInput
+
+        raise InvalidInput(
+            "bullpen serve needs PostgreSQL (--database-url or BULLPEN_DATABASE_URL): a SQLite "
+            "data directory has one process, so no `bullpen worker` could run beside it; "
+            "use `bullpen up`"
+        )
+    _run_api(settings, processes=processes, quiet=quiet)
 
 
 @cli.command()
