@@ -41,6 +41,8 @@ bench: deps
 	uv run bullpen bench --backend sqlite
 	uv run bullpen bench --backend postgres
 
-# SK-1: a 10-minute mixed soak on PostgreSQL (memory, descriptors, connections, tables flat).
+# SK-1: a 10-minute mixed soak on PostgreSQL (memory, descriptors, connections, tables flat),
+# then SK-2's SSE churn at its full 20,000 cycles of each kind (`make test` runs half of one).
 soak: deps
-	BULLPEN_SOAK_S=$${BULLPEN_SOAK_S:-600} uv run pytest tests/faults/test_soak.py -s -p no:cacheprovider
+	BULLPEN_SOAK_S=$${BULLPEN_SOAK_S:-600} uv run pytest tests/faults/test_soak.py \
+		tests/integration/streams/test_sse_churn.py -s -p no:cacheprovider

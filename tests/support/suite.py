@@ -35,13 +35,13 @@ TIERS = {
 # in the serial phase, alone on the machine, after the parallel one: under four workers on two
 # cores a 100 ms bound measures the neighbours, not the code.
 SERIAL = (
-    # PostgreSQL stopped and started, partitions, overload shed within bounds, the soak. The
-    # SIGKILL storm on PostgreSQL, the poison run and the paused worker prove what is lost or
-    # written, not how soon: they run in the parallel phase, mostly waiting on their workers.
+    # PostgreSQL stopped and started, overload shed within bounds, the soak. The SIGKILL storm
+    # on PostgreSQL, the poison run, the paused worker and the partition (through a proxy of
+    # its own) prove what is lost or written, not how soon: they run in the parallel phase,
+    # mostly waiting on their workers.
     # On SQLite the storm's one worker must be caught mid-run by a kill every 5 s: beside
     # other tests its restart took longer than that, and no kill caught a run in flight.
     "faults/test_overload.py",
-    "faults/test_partition.py",
     "faults/test_soak.py",
     "faults/test_worker_faults.py::test_sigterm_lets_inflight_runs_finish_then_exits_0",
     "faults/test_worker_faults.py::test_sigterm_past_the_grace_releases_runs_to_another_worker",
@@ -96,6 +96,7 @@ SLOWEST_FIRST = (
     "faults/test_worker_faults.py::test_sigkill_storm_loses_and_duplicates_nothing",
     "faults/test_worker_faults.py::test_a_poison_run_is_dead_lettered_while_good_runs_complete",
     "faults/test_worker_faults.py::test_a_paused_workers_late_writes_are_refused",
+    "faults/test_partition.py",
 )
 
 
