@@ -86,7 +86,8 @@ class TaskService:
         need(principal, Permission.TASKS_WRITE)
         now = self._clock()
         async with self._store.write() as conn:
-            await self._admission.agent(conn, principal.workspace_id, agent_id)
+            if blocked_by:  # (a task with a run: its insert checks the agent)
+                await self._admission.agent(conn, principal.workspace_id, agent_id)
             if parent_id is not None:
                 parent = await task_store.get_task(conn, principal.workspace_id, parent_id)
                 if parent is None:
@@ -127,9 +128,14 @@ class TaskService:
                     task = replace(task, status=TaskStatus.QUEUED)
                 await audit.insert(conn, audited(task.id, None))
             else:  # the task, its run and the audit event in one statement
-                task, run = await task_store.insert_task_with_run(
-                    conn, **common, **fields, audit=audited
-                )
+                try:
+                    task, run = await task_store.insert_task_with_run(
+                        conn, **common, **fields, audit=audited
+                    )
+                except task_store.AgentNotActive:
+                    # Why: not in the workspace, paused, terminated (NotFound, Conflict ...).
+                    await self._admission.agent(conn, principal.workspace_id, agent_id)
+                    raise
             if parent_id is not None:
                 await workflow.count_child(conn, parent_id)
             if task.status == TaskStatus.QUEUED.value:

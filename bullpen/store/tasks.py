@@ -13,12 +13,13 @@ import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.dialects import postgresql
 
+from bullpen.domain.agents import AgentStatus
 from bullpen.domain.records import CommentRecord, RunRecord, TaskRecord
 from bullpen.domain.status import RunStatus, TaskStatus, task_sources
 from bullpen.errors import Conflict
 from bullpen.store.base import UNWATCHED, Connection
 from bullpen.store.paging import Page, keyset
-from bullpen.store.tables import audit_events, runs, task_comments, tasks, workspaces
+from bullpen.store.tables import agents, audit_events, runs, task_comments, tasks, workspaces
 
 _TASK_COLUMNS = [*tasks.c, workspaces.c.task_key]
 
@@ -77,32 +78,47 @@ async def drop_number_sequence(conn: Connection, workspace_id: UUID) -> None:
 
 def _task_and_run_at_once(*, audited: bool) -> sa.Select[Any]:
     """PostgreSQL: take the number and insert the task and its run in one statement, and the
-    audit event of the create with them when `audited`.
+    audit event of the create with them when `audited`, if the assignee is an active agent of
+    the workspace: otherwise it inserts nothing, takes no number and returns no row.
 
-    One round trip instead of four. The run's foreign key to the task is checked at the end
-    of the statement, when both rows exist.
+    One round trip instead of five (the agent's read, the number, three inserts). Every insert
+    selects from the number's row, so without it none happens. The run's foreign key to the
+    task is checked at the end of the statement, when both rows exist.
     """
-    number = _NEXT_IN_SEQUENCE.cte("number")
-    task_columns = [c.name for c in tasks.c if c.name != "number"]
-    new_task = tasks.insert().from_select(
-        [*task_columns, "number"],
+    number = (
         sa.select(
-            *(sa.bindparam(f"task_{name}", type_=tasks.c[name].type) for name in task_columns),
-            number.c.number,
-        ),
+            sa.func.nextval(
+                sa.cast(sa.bindparam("sequence", type_=sa.Text), postgresql.REGCLASS)
+            ).label("number"),
+            workspaces.c.task_key,
+        )
+        .select_from(
+            workspaces.join(
+                agents,
+                sa.and_(
+                    agents.c.workspace_id == workspaces.c.id,
+                    agents.c.id == sa.bindparam("task_agent_id"),
+                    agents.c.status == AgentStatus.ACTIVE.value,
+                ),
+            )
+        )
+        .where(workspaces.c.id == sa.bindparam("workspace_id"))
+        .cte("number")
     )
-    new_run = runs.insert().values(
-        {
-            c.name: sa.bindparam(f"run_{c.name}", type_=c.type)
-            for c in runs.c
-            if c.name in _RUN_FIELDS
-        }
-    )
+
+    def from_number(table: sa.Table, prefix: str, names: list[str], *extra: Any) -> Any:
+        values = [sa.bindparam(f"{prefix}_{name}", type_=table.c[name].type) for name in names]
+        return table.insert().from_select(
+            [*names, *(column.name for column in extra)],
+            sa.select(*values, *extra).select_from(number),
+        )
+
+    task_columns = [c.name for c in tasks.c if c.name != "number"]
+    new_task = from_number(tasks, "task", task_columns, number.c.number)
+    new_run = from_number(runs, "run", [c.name for c in runs.c if c.name in _RUN_FIELDS])
     inserts = [new_task.cte("new_task"), new_run.cte("new_run")]
     if audited:
-        entry = audit_events.insert().values(
-            {c.name: sa.bindparam(f"audit_{c.name}", type_=c.type) for c in audit_events.c}
-        )
+        entry = from_number(audit_events, "audit", [c.name for c in audit_events.c])
         inserts.append(entry.cte("new_audit_event"))
     return sa.select(number.c.number, number.c.task_key).add_cte(*inserts)
 
@@ -119,6 +135,21 @@ async def next_task_number(conn: Connection, workspace_id: UUID) -> tuple[int, s
     else:
         row = (await conn.execute(_NEXT_NUMBER, {"workspace_id": workspace_id})).one()
     return int(row.number), str(row.task_key)
+
+
+class AgentNotActive(Conflict):
+    """The task's agent is not an active agent of the workspace: nothing was inserted. A
+    caller that wants to say why (missing, paused, terminated) asks its admission check."""
+
+    def __init__(self) -> None:
+        super().__init__("the agent is not an active agent of this workspace")
+
+
+_ACTIVE_AGENT = sa.select(agents.c.id).where(
+    agents.c.id == sa.bindparam("agent_id"),
+    agents.c.workspace_id == sa.bindparam("workspace_id"),
+    agents.c.status == AgentStatus.ACTIVE.value,
+)
 
 
 def _new_task(
@@ -168,6 +199,8 @@ async def insert_task_with_run(
 ) -> tuple[TaskRecord, RunRecord]:
     """Create a queued task and its queued run; returns both as stored (no read-back).
 
+    Only for an active agent of the workspace: otherwise AgentNotActive (a Conflict), and
+    nothing is inserted (on PostgreSQL the check is part of the one statement that inserts).
     `audit(task_id, run_id)` gives the audit event of the create (`audit.entry_by`), inserted
     with them. `fields`: creator_user_id, creator_key_id, priority, labels, parent_id,
     origin_key (the tool step that created a subtask), blocks_parent (whether the parent
@@ -184,9 +217,14 @@ async def insert_task_with_run(
         if entry is not None:
             params.update({f"audit_{k}": v for k, v in entry.items()})
             statement = _TASK_AND_RUN_AUDITED
-        row = (await conn.execute(statement, params)).one()
+        row = (await conn.execute(statement, params)).first()
+        if row is None:
+            raise AgentNotActive
         number, task_key = int(row.number), str(row.task_key)
     else:
+        active = {"agent_id": agent_id, "workspace_id": workspace_id}
+        if (await conn.execute(_ACTIVE_AGENT, active)).first() is None:
+            raise AgentNotActive
         number, task_key = await next_task_number(conn, workspace_id)
         await conn.execute(_INSERT_TASK, {**task, "number": number})
         await conn.execute(_INSERT_RUN, run)

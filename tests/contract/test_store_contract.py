@@ -85,6 +85,29 @@ async def test_concurrent_task_creation_gets_distinct_numbers(store: Store) -> N
     assert numbers == list(range(1, 21))
 
 
+async def test_a_task_for_an_agent_not_active_here_inserts_nothing_and_takes_no_number(
+    store: Store,
+) -> None:
+    ws, agent = await workspace_with_agent(store, "w1")
+    _, other_agent = await workspace_with_agent(store, "w2")
+    await new_task(store, ws, agent)
+    async with store.write() as conn:
+        await conn.execute(agents.update().where(agents.c.id == agent).values(status="paused"))
+    for assignee in (agent, other_agent, uuid.uuid4()):  # paused, elsewhere, no such agent
+        with pytest.raises(task_store.AgentNotActive):
+            async with store.write() as conn:
+                await task_store.insert_task_with_run(
+                    conn, workspace_id=ws, agent_id=assignee, title="t", prompt="p", now=NOW
+                )
+    async with store.write() as conn:
+        await conn.execute(agents.update().where(agents.c.id == agent).values(status="active"))
+    (task_id, _) = await new_task(store, ws, agent)
+    async with store.read() as conn:
+        assert (await task_store.get_task(conn, ws, task_id)).number == 2  # no gap
+        assert len((await conn.execute(sa.select(tasks.c.id))).all()) == 2
+        assert len((await conn.execute(sa.select(runs.c.id))).all()) == 2
+
+
 async def test_another_workspace_cannot_read_a_task_or_agent(store: Store) -> None:
     ws1, a1 = await workspace_with_agent(store, "w1")
     ws2, _ = await workspace_with_agent(store, "w2")
