@@ -36,11 +36,10 @@ async def any_queued(conn: Connection) -> bool:
 class Claim:
     """What a claim took, and whether it left runs waiting in the queue.
 
-    `held_back` is True when runs were queued but the claim took fewer than its limit: some
-    wait for something other than a free slot of this claimer (an agent at its
-    `max_concurrent_runs`, a retry backing off, a workspace's share, a paused agent), so the
-    claimer should look again as soon as one of its runs ends. It may be True when the claim
-    took every queued run; the next claim then finds none and says False.
+    `held_back` is True when queued runs were left that wait for something other than a free
+    slot of this claimer: an agent at its `max_concurrent_runs`, or a workspace's share of
+    this claimer (`room`). The claimer should then look again as soon as one of its runs
+    ends, and not let that end wait for the event log's coalescing.
     """
 
     runs: list[ClaimedRun]
@@ -68,9 +67,9 @@ async def claim(
     postgres = conn.dialect.name == "postgresql"
     if postgres:
         await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_CLAIM_LOCK)))
-    queued, chosen = await _fair_pick(conn, limit=limit, now=now, postgres=postgres, room=room)
+    held_back, chosen = await _fair_pick(conn, limit=limit, now=now, postgres=postgres, room=room)
     runs = await _take(conn, chosen, owner=owner, now=now, lease=lease, postgres=postgres)
-    return Claim(runs, held_back=queued and len(runs) < limit)
+    return Claim(runs, held_back=held_back)
 
 
 async def _take(
@@ -184,8 +183,8 @@ async def _fair_pick(
     postgres: bool,
     room: Callable[[UUID], int] | None,
 ) -> tuple[bool, list[UUID]]:
-    """Whether any run is queued, and which queued runs to claim next, without reading more of
-    the queue than it needs.
+    """Whether queued runs are held back (see `Claim`), and which queued runs to claim next,
+    without reading more of the queue than it needs.
 
     Max-min fairness over execution slots: the next run goes to the workspace with the fewest
     runs in progress (counting those picked in this claim), its best run by priority and age.
@@ -226,6 +225,18 @@ async def _fair_pick(
     candidates = await _candidates(
         conn, workspace_ids, full, limit=limit, now=now, postgres=postgres
     )
+    # Runs of agents at their cap are not candidates: whether any waits is one index probe.
+    capped = bool(full) and bool(
+        (
+            await conn.execute(
+                sa.select(
+                    sa.exists().where(
+                        runs.c.status == RunStatus.QUEUED.value, runs.c.agent_id.in_(full)
+                    )
+                )
+            )
+        ).scalar()
+    )
     queues: dict[UUID, list[Any]] = {}
     for row in candidates:
         queues.setdefault(row.workspace_id, []).append(row)
@@ -238,6 +249,7 @@ async def _fair_pick(
     heapq.heapify(heap)
     chosen: list[UUID] = []
     suspect_taken = False
+    skipped = False  # a candidate passed over for its agent's cap or the one-suspect rule
     left = {ws: room(ws) for ws in queues} if room is not None else {}
     while heap and len(chosen) < limit:
         share, _, _, ws = heapq.heappop(heap)
@@ -248,6 +260,7 @@ async def _fair_pick(
             agent_free[rows[0].agent_id] <= 0 or (suspect_taken and rows[0].failures > 0)
         ):
             rows.pop(0)  # its agent is at its cap, or this claim already took a suspect
+            skipped = True
         if not rows:
             continue
         row = rows.pop(0)
@@ -258,7 +271,10 @@ async def _fair_pick(
         chosen.append(row.id)
         if rows:
             heapq.heappush(heap, (share + 1, -rows[0].priority, rows[0].queued_at, ws))
-    return True, chosen
+    # Candidates passed over or left behind with slots to spare wait for an agent's cap or
+    # this claimer's room, not for a free slot (as those beyond `limit` do).
+    leftover = skipped or any(rows for rows in queues.values())
+    return capped or (leftover and len(chosen) < limit), chosen
 
 
 async def _candidates(

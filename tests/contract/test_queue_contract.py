@@ -305,3 +305,26 @@ async def test_a_claim_gives_each_workspace_no_more_than_its_room(store: Store) 
         )
     claimed = took.runs
     assert sorted(c.workspace_id == ws_b for c in claimed) == [False, False, True]
+
+
+async def test_a_claim_says_whether_it_left_runs_waiting_for_a_cap(store: Store) -> None:
+    """`held_back`: runs left that wait for an agent's cap (the worker looks again when one of
+    its runs ends); not runs it took, nor runs beyond its limit (they wait for a free slot)."""
+    ws, agent = await workspace_with_agent(store)
+    for _ in range(3):
+        await new_task(store, ws, agent)
+
+    async def claim(limit: int) -> claim_store.Claim:
+        async with store.write() as conn:
+            return await claim_store.claim(conn, owner="w", limit=limit, now=NOW, lease=LEASE)
+
+    beyond = await claim(1)
+    assert (len(beyond.runs), beyond.held_back) == (1, False)  # the other two wait for a slot
+    async with store.write() as conn:
+        await conn.execute(agents.update().values(max_concurrent_runs=2))
+    capped = await claim(10)
+    assert (len(capped.runs), capped.held_back) == (1, True)  # the third waits for the cap
+    async with store.write() as conn:
+        await conn.execute(agents.update().values(max_concurrent_runs=10))
+    rest = await claim(10)
+    assert (len(rest.runs), rest.held_back) == (1, False)  # took every run there was
