@@ -27,11 +27,10 @@ import contextlib
 import itertools
 import math
 import os
-import statistics
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +39,14 @@ import orjson
 from rich.table import Table
 
 from bullpen.bench.loadgen import make_prompt
-from bullpen.bench.report import Distribution
+from bullpen.bench.report import (
+    Distribution,
+    load_1m,
+    median_of,
+    ratio,
+    round_or_none,
+    rounded,
+)
 from bullpen.bench.spawn import (
     UNLIMITED,
     Backend,
@@ -146,21 +152,21 @@ class CreateRound:
             "round": self.index,
             "server": self.server,
             "concurrency": self.concurrency,
-            "warmup_s": _round(self.warmup_s),
-            "duration_s": _round(self.duration_s),
+            "warmup_s": round_or_none(self.warmup_s),
+            "duration_s": round_or_none(self.duration_s),
             "created": self.created,
-            "created_per_s": _round(self.created_per_s),
+            "created_per_s": round_or_none(self.created_per_s),
             "created_total": self.created_total,
             "duplicate_ids": self.duplicate_ids,
             "latency_ms": self.latency_ms.as_dict(),
             "errors": self.errors,
             "errors_total": self.errors_total,
             "error_examples": self.error_examples,
-            "wall_s": _round(self.wall_s),
-            "client_cpu_pct": _round(100 * self.client_cpu_s / self.wall_s)
+            "wall_s": round_or_none(self.wall_s),
+            "client_cpu_pct": round_or_none(100 * self.client_cpu_s / self.wall_s)
             if self.wall_s > 0
             else None,
-            "server_cpu_ms_per_create": _round(self.server_cpu_ms_per_create),
+            "server_cpu_ms_per_create": round_or_none(self.server_cpu_ms_per_create),
         }
 
 
@@ -376,10 +382,10 @@ class CreateComparison:
         """Median creates/s, p50, p99 and server CPU per create over `server`'s rounds."""
         mine = [r for r in self.results if r.server == server]
         return {
-            "created_per_s": _median([r.created_per_s for r in mine]),
-            "p50_ms": _median([r.latency_ms.p50 for r in mine]),
-            "p99_ms": _median([r.latency_ms.p99 for r in mine]),
-            "server_cpu_ms_per_create": _median([r.server_cpu_ms_per_create for r in mine]),
+            "created_per_s": median_of([r.created_per_s for r in mine]),
+            "p50_ms": median_of([r.latency_ms.p50 for r in mine]),
+            "p99_ms": median_of([r.latency_ms.p99 for r in mine]),
+            "server_cpu_ms_per_create": median_of([r.server_cpu_ms_per_create for r in mine]),
             "errors_total": sum(r.errors_total for r in mine),
         }
 
@@ -389,7 +395,7 @@ class CreateComparison:
             return None
         current, baseline = self.median("current"), self.median("baseline")
         keys = ("created_per_s", "p50_ms", "p99_ms", "server_cpu_ms_per_create")
-        return {k: _ratio(current[k], baseline[k]) for k in keys}
+        return {k: ratio(current[k], baseline[k]) for k in keys}
 
     def floor_ratio(self) -> dict[str, float | None] | None:
         """Current / floor of each median (None without a floor)."""
@@ -397,7 +403,7 @@ class CreateComparison:
             return None
         current, floor = self.median("current"), self.median("floor")
         keys = ("created_per_s", "p50_ms", "p99_ms", "server_cpu_ms_per_create")
-        return {k: _ratio(current[k], floor[k]) for k in keys}
+        return {k: ratio(current[k], floor[k]) for k in keys}
 
     def pct_of_floor(self) -> float | None:
         """The current code's median creates/s as a share of the floor's, in %."""
@@ -435,50 +441,26 @@ class CreateComparison:
             "server_env": SERVER_ENV,
             "servers": [s.as_dict() for s in self.servers],
             "results": [r.as_dict() for r in self.results],
-            "median": {s.name: _rounded(self.median(s.name)) for s in self.servers},
-            "ratio": None if ratio is None else _rounded(ratio),
-            "throughput_cost_pct": _round(cost),
+            "median": {s.name: rounded(self.median(s.name)) for s in self.servers},
+            "ratio": None if ratio is None else rounded(ratio),
+            "throughput_cost_pct": round_or_none(cost),
             "goal": {
                 "max_throughput_cost_pct": THROUGHPUT_COST_GOAL_PCT,
                 "met": None if cost is None else cost <= THROUGHPUT_COST_GOAL_PCT,
             },
-            "floor_ratio": None if floor_ratio is None else _rounded(floor_ratio),
+            "floor_ratio": None if floor_ratio is None else rounded(floor_ratio),
             "floor_goal": {
                 "min_pct_of_floor": FLOOR_GOAL_PCT,
-                "pct_of_floor": _round(of_floor),
+                "pct_of_floor": round_or_none(of_floor),
                 "met": None if of_floor is None else of_floor >= FLOOR_GOAL_PCT,
             },
             "errors_total": self.errors_total,
             "machine": {
                 "cpus": os.cpu_count(),
-                "load_1m_before": _round(self.load_before, 2),
-                "load_1m_after": _round(self.load_after, 2),
+                "load_1m_before": round_or_none(self.load_before, 2),
+                "load_1m_after": round_or_none(self.load_after, 2),
             },
         }
-
-
-def _load_1m() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
-
-
-def _median(values: Sequence[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def _round(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
-
-
-def _rounded(figures: dict[str, Any]) -> dict[str, Any]:
-    return {k: _round(v) if isinstance(v, float) else v for k, v in figures.items()}
 
 
 async def run_create_bench(
@@ -534,7 +516,7 @@ async def run_create_bench(
                 target = _Target(item.base_url, uuid.uuid4().hex, str(uuid.uuid4()), item.pid)
             servers.append((info, target))
         results: list[CreateRound] = []
-        load_before = _load_1m()
+        load_before = load_1m()
         for index in range(1, rounds + 1):
             for info, target in servers:  # one server under load at a time
                 result = await run_create_load(
@@ -560,7 +542,7 @@ async def run_create_bench(
             servers=[info for info, _ in servers],
             results=results,
             load_before=load_before,
-            load_after=_load_1m(),
+            load_after=load_1m(),
         )
 
 

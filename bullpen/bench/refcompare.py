@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,17 @@ from rich.table import Table
 
 from bullpen.bench.createload import ServerInfo
 from bullpen.bench.loadgen import run_load
-from bullpen.bench.report import BenchResult, Snapshot, StageResult, to_json
+from bullpen.bench.report import (
+    BenchResult,
+    Snapshot,
+    StageResult,
+    load_1m,
+    median_of,
+    ratio,
+    round_or_none,
+    rounded,
+    to_json,
+)
 from bullpen.bench.spawn import (
     KEY_UNLIMITED,
     Backend,
@@ -103,7 +112,7 @@ class ReferenceComparison:
     def figures(self, server: str, stage: int) -> dict[str, Any]:
         """Medians over rounds, errors summed, pool saturation and RSS at their peak."""
         rows = self._rows(server, stage)
-        out: dict[str, Any] = {k: _median([get(r) for r in rows]) for k, get in FIGURES.items()}
+        out: dict[str, Any] = {k: median_of([get(r) for r in rows]) for k, get in FIGURES.items()}
         out["errors_total"] = sum(r.errors_total for r in rows)
         saturation = [r.pool_saturation_max for r in rows if r.pool_saturation_max is not None]
         out["pool_saturation_max_pct"] = 100 * max(saturation) if saturation else None
@@ -117,7 +126,7 @@ class ReferenceComparison:
             return None
         current, baseline = self.figures("current", stage), self.figures("baseline", stage)
         keys = [*FIGURES, "pool_saturation_max_pct", "rss_max_mb"]
-        return {k: _ratio(current[k], baseline[k]) for k in keys}
+        return {k: ratio(current[k], baseline[k]) for k in keys}
 
     def stage_names(self) -> list[str]:
         """Each stage's name, then `total`."""
@@ -134,9 +143,9 @@ class ReferenceComparison:
         for i, name in enumerate(self.stage_names()):
             entry: dict[str, Any] = {"stage": name}
             for s in self.servers:
-                entry[s.name] = _rounded(self.figures(s.name, i))
+                entry[s.name] = rounded(self.figures(s.name, i))
             ratio = self.ratio(i)
-            entry["ratio"] = None if ratio is None else _rounded(ratio)
+            entry["ratio"] = None if ratio is None else rounded(ratio)
             compared.append(entry)
         return {
             "version": JSON_VERSION,
@@ -154,8 +163,8 @@ class ReferenceComparison:
             "errors_total": self.errors_total,
             "machine": {
                 "cpus": os.cpu_count(),
-                "load_1m_before": _round(self.load_before),
-                "load_1m_after": _round(self.load_after),
+                "load_1m_before": round_or_none(self.load_before),
+                "load_1m_after": round_or_none(self.load_after),
             },
         }
 
@@ -209,7 +218,7 @@ async def run_reference_bench(
             for _, server in servers:
                 await raise_run_cap(http, server, max(cap, 1))
         results: list[ReferenceRound] = []
-        load_before = _load_1m()
+        load_before = load_1m()
         for index in range(1, rounds + 1):
             for info, server in servers:  # one server under load at a time
                 result = await run_load(
@@ -233,7 +242,7 @@ async def run_reference_bench(
             servers=infos,
             results=results,
             load_before=load_before,
-            load_after=_load_1m(),
+            load_after=load_1m(),
         )
 
 
@@ -301,30 +310,6 @@ def render_reference_table(c: ReferenceComparison) -> Table:
         )
     table.caption = "\n".join(lines)
     return table
-
-
-def _load_1m() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
-
-
-def _median(values: Sequence[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
-
-
-def _rounded(figures: dict[str, Any]) -> dict[str, Any]:
-    return {k: _round(v) if isinstance(v, float) else v for k, v in figures.items()}
 
 
 def _fmt(value: float | None, digits: int = 1, unit: str = "") -> str:

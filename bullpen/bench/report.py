@@ -8,6 +8,8 @@ small samples (one sample is its own p99; the p95 of 10 samples is the largest).
 from __future__ import annotations
 
 import math
+import os
+import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -421,7 +423,39 @@ def _scale(value: float | None, factor: float) -> float | None:
 
 
 def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
+    return round_or_none(value)
+
+
+# Shared by the scenarios that compare servers side by side (create, reference).
+
+
+def load_1m() -> float | None:
+    """The machine's 1-minute load average, where the platform has one."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def median_of(values: Sequence[float | None]) -> float | None:
+    """The median of the values present, or None."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None without both (or with b zero)."""
+    return a / b if a is not None and b else None
+
+
+def round_or_none(value: float | None, digits: int = 3) -> float | None:
+    """`value` rounded, None kept."""
+    return None if value is None else round(value, digits)
+
+
+def rounded(figures: dict[str, Any]) -> dict[str, Any]:
+    """The figures with every float rounded to 3 digits."""
+    return {k: round_or_none(v) if isinstance(v, float) else v for k, v in figures.items()}
 
 
 class LiveProgress:
