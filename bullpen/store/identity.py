@@ -12,7 +12,6 @@ import sqlalchemy as sa
 from bullpen.domain.agents import AgentStatus
 from bullpen.domain.principal import Role
 from bullpen.domain.records.accounts import UserLogin
-from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection
 from bullpen.store.tables import agents, api_keys, memberships, sessions, users, workspaces
 
@@ -55,8 +54,6 @@ async def create_workspace(
             id=ws_id, name=name, slug=slug, task_key=task_key, task_counter=0, created_at=now
         )
     )
-    if conn.dialect.name == "postgresql":
-        await task_store.create_number_sequence(conn, ws_id)
     return ws_id
 
 

@@ -11,7 +11,6 @@ from uuid import UUID
 
 import sqlalchemy as sa
 from sqlalchemy import exc
-from sqlalchemy.dialects import postgresql
 
 from bullpen.domain.agents import AgentStatus
 from bullpen.domain.records import CommentRecord, RunRecord, TaskRecord
@@ -38,7 +37,12 @@ _RUN_FIELDS = (
 _INSERT_TASK = tasks.insert()
 _INSERT_RUN = runs.insert()
 _INSERT_AUDIT = audit_events.insert()
-# SQLite: the workspace's counter (one writer at a time: no one waits on its row).
+# The workspace's counter. On PostgreSQL its row stays locked from the increment to the commit,
+# so a workspace's creates take their numbers one at a time. A sequence per workspace (issue 21,
+# migrations 0011 and 0012) let them all run at once, and the reference scenario got worse, not
+# better: at 80 users the time added to the first token went from 27 to 160 ms on average, the
+# pool from 20 to 100 % (docs/benchmarks/history.md). The one statement that increments also
+# inserts, so the lock is held for that statement and the commit only.
 _NEXT_NUMBER = (
     workspaces.update()
     .where(workspaces.c.id == sa.bindparam("workspace_id"))
@@ -46,34 +50,6 @@ _NEXT_NUMBER = (
     .returning(workspaces.c.task_counter.label("number"), workspaces.c.task_key)
     .execution_options(**{UNWATCHED: True})
 )
-# PostgreSQL: the workspace's own sequence. A counter row incremented by every create stayed
-# locked from the increment to the commit, so a workspace's creates ran one at a time: under
-# the reference load each waited 300 ms on average for the row (pg_stat_statements, issue 21).
-# A sequence hands out numbers without a lock held to the commit; a rolled-back create leaves
-# a gap in the numbers.
-_NEXT_IN_SEQUENCE = sa.select(
-    sa.func.nextval(sa.cast(sa.bindparam("sequence", type_=sa.Text), postgresql.REGCLASS)).label(
-        "number"
-    ),
-    workspaces.c.task_key,
-).where(workspaces.c.id == sa.bindparam("workspace_id"))
-
-
-def number_sequence(workspace_id: UUID) -> str:
-    """The name of the PostgreSQL sequence that numbers a workspace's tasks."""
-    return f"bullpen_task_numbers_{workspace_id.hex}"
-
-
-async def create_number_sequence(conn: Connection, workspace_id: UUID, start: int = 1) -> None:
-    """PostgreSQL: create the sequence a new workspace's task numbers come from."""
-    await conn.execute(
-        sa.text(f'CREATE SEQUENCE "{number_sequence(workspace_id)}" AS bigint START {int(start)}')
-    )
-
-
-async def drop_number_sequence(conn: Connection, workspace_id: UUID) -> None:
-    """PostgreSQL: drop a deleted workspace's task number sequence."""
-    await conn.execute(sa.text(f'DROP SEQUENCE IF EXISTS "{number_sequence(workspace_id)}"'))
 
 
 def _task_and_run_at_once(*, audited: bool) -> sa.Select[Any]:
@@ -82,27 +58,22 @@ def _task_and_run_at_once(*, audited: bool) -> sa.Select[Any]:
     the workspace: otherwise it inserts nothing, takes no number and returns no row.
 
     One round trip instead of five (the agent's read, the number, three inserts). Every insert
-    selects from the number's row, so without it none happens. The run's foreign key to the
-    task is checked at the end of the statement, when both rows exist.
+    selects from the number's row, which the counter's increment returns only when the agent is
+    active, so without it none happens. The run's foreign key to the task is checked at the end
+    of the statement, when both rows exist.
     """
     number = (
-        sa.select(
-            sa.func.nextval(
-                sa.cast(sa.bindparam("sequence", type_=sa.Text), postgresql.REGCLASS)
-            ).label("number"),
-            workspaces.c.task_key,
+        workspaces.update()
+        .where(
+            workspaces.c.id == sa.bindparam("workspace_id"),
+            sa.exists().where(
+                agents.c.id == sa.bindparam("task_agent_id"),
+                agents.c.workspace_id == workspaces.c.id,
+                agents.c.status == AgentStatus.ACTIVE.value,
+            ),
         )
-        .select_from(
-            workspaces.join(
-                agents,
-                sa.and_(
-                    agents.c.workspace_id == workspaces.c.id,
-                    agents.c.id == sa.bindparam("task_agent_id"),
-                    agents.c.status == AgentStatus.ACTIVE.value,
-                ),
-            )
-        )
-        .where(workspaces.c.id == sa.bindparam("workspace_id"))
+        .values(task_counter=workspaces.c.task_counter + 1)
+        .returning(workspaces.c.task_counter.label("number"), workspaces.c.task_key)
         .cte("number")
     )
 
@@ -129,11 +100,7 @@ _TASK_AND_RUN_AUDITED = _task_and_run_at_once(audited=True)
 
 async def next_task_number(conn: Connection, workspace_id: UUID) -> tuple[int, str]:
     """Take the workspace's next task number and return it with the workspace's task key."""
-    if conn.dialect.name == "postgresql":
-        params = {"workspace_id": workspace_id, "sequence": number_sequence(workspace_id)}
-        row = (await conn.execute(_NEXT_IN_SEQUENCE, params)).one()
-    else:
-        row = (await conn.execute(_NEXT_NUMBER, {"workspace_id": workspace_id})).one()
+    row = (await conn.execute(_NEXT_NUMBER, {"workspace_id": workspace_id})).one()
     return int(row.number), str(row.task_key)
 
 
@@ -212,7 +179,7 @@ async def insert_task_with_run(
     if conn.dialect.name == "postgresql":
         params = {f"task_{k}": v for k, v in task.items()}
         params.update({f"run_{k}": v for k, v in run.items()})
-        params.update(workspace_id=workspace_id, sequence=number_sequence(workspace_id))
+        params["workspace_id"] = workspace_id
         statement = _TASK_AND_RUN
         if entry is not None:
             params.update({f"audit_{k}": v for k, v in entry.items()})

@@ -17,7 +17,6 @@ from bullpen.domain.records.accounts import MemberRecord, MembershipRecord, Work
 from bullpen.domain.status import RunStatus
 from bullpen.errors import Conflict
 from bullpen.store import identity
-from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection
 from bullpen.store.paging import Page, keyset
 from bullpen.store.tables import (
@@ -222,8 +221,6 @@ async def delete_workspace(conn: Connection, workspace_id: UUID) -> dict[str, in
         result = await conn.execute(table.delete().where(table.c.workspace_id == workspace_id))
         counts[str(table.name)] = int(result.rowcount)
     await conn.execute(workspaces.delete().where(workspaces.c.id == workspace_id))
-    if conn.dialect.name == "postgresql":
-        await task_store.drop_number_sequence(conn, workspace_id)
     return counts
 
 

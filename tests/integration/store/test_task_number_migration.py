@@ -1,5 +1,5 @@
-"""Migration 0011 on PostgreSQL: a workspace's task numbers move from its counter to its own
-sequence and go on where the counter stopped; the downgrade hands them back."""
+"""Migrations 0011 and 0012 on PostgreSQL: a workspace's task numbers move from its counter to
+its own sequence (0011) and back (0012), each going on where the other stopped, both ways."""
 
 from __future__ import annotations
 
@@ -46,7 +46,22 @@ async def _to(store: Store, revision: str, *, down: bool = False) -> None:
     await store.run_sync(move)
 
 
-async def test_numbers_go_on_from_the_counter_and_back(bare: Store) -> None:
+def _sequence(workspace_id: uuid.UUID) -> str:
+    return f"bullpen_task_numbers_{workspace_id.hex}"
+
+
+async def _scalar(store: Store, sql: str, **params: object) -> object:
+    async with store.read() as conn:
+        return (await conn.execute(sa.text(sql), params)).scalar()
+
+
+async def _next_in_sequence(store: Store, workspace_id: uuid.UUID) -> object:
+    async with store.write() as conn:
+        sql = "SELECT nextval(CAST(:name AS regclass))"
+        return (await conn.execute(sa.text(sql), {"name": _sequence(workspace_id)})).scalar()
+
+
+async def test_numbers_go_on_across_the_counter_and_the_sequence(bare: Store) -> None:
     await _to(bare, "0010")
     ws = uuid.uuid4()
     async with bare.write() as conn:
@@ -57,20 +72,32 @@ async def test_numbers_go_on_from_the_counter_and_back(bare: Store) -> None:
             ),
             {"id": ws, "now": datetime.now(UTC)},
         )
-    await _to(bare, "head")
+    await _to(bare, "0011")  # the sequence starts after the counter
+    assert await _next_in_sequence(bare, ws) == 42
+    assert await _next_in_sequence(bare, ws) == 43
+    await _to(bare, "head")  # the counter goes on after the sequence, which is gone
     async with bare.write() as conn:
-        assert await task_store.next_task_number(conn, ws) == (42, "OLD")
-        assert await task_store.next_task_number(conn, ws) == (43, "OLD")
+        assert await task_store.next_task_number(conn, ws) == (44, "OLD")
+    assert await _scalar(bare, "SELECT to_regclass(:name)", name=_sequence(ws)) is None
+    await _to(bare, "0011", down=True)  # and back: the sequence starts after the counter
+    assert await _next_in_sequence(bare, ws) == 45
     await _to(bare, "0010", down=True)
-    async with bare.read() as conn:
-        counter = (
-            await conn.execute(
-                sa.text("SELECT task_counter FROM workspaces WHERE id = :id"), {"id": ws}
-            )
-        ).scalar()
-        left = (
-            await conn.execute(
-                sa.text("SELECT to_regclass(:name)"), {"name": task_store.number_sequence(ws)}
-            )
-        ).scalar()
-    assert (counter, left) == (43, None)
+    counter = await _scalar(bare, "SELECT task_counter FROM workspaces WHERE id = :id", id=ws)
+    left = await _scalar(bare, "SELECT to_regclass(:name)", name=_sequence(ws))
+    assert (counter, left) == (45, None)
+
+
+async def test_a_workspace_without_numbers_keeps_its_counter(bare: Store) -> None:
+    await _to(bare, "0010")
+    ws = uuid.uuid4()
+    async with bare.write() as conn:
+        await conn.execute(
+            sa.text(
+                "INSERT INTO workspaces (id, name, slug, task_key, task_counter, created_at) "
+                "VALUES (:id, 'New', 'new', 'NEW', 0, :now)"
+            ),
+            {"id": ws, "now": datetime.now(UTC)},
+        )
+    await _to(bare, "head")  # its sequence never handed out a number
+    async with bare.write() as conn:
+        assert await task_store.next_task_number(conn, ws) == (1, "NEW")
