@@ -172,7 +172,9 @@ async def test_the_load_client_times_the_first_content_and_counts_broken_streams
         return
     assert side.errors == 0 and len(side.ttft_ms) == len(side.total_ms) == 1
     content_at = (arrived[content_piece] - began) * 1000
-    assert content_at <= side.ttft_ms[0] < content_at + 15, (side.ttft_ms, content_at)
+    # The client's clock starts a few microseconds after `began` (it parses the target first),
+    # so it may read up to that much less; a timestamp taken at the piece before is 20 ms early.
+    assert content_at - 1 <= side.ttft_ms[0] < content_at + 15, (side.ttft_ms, content_at)
     assert side.total_ms[0] >= (arrived[-1] - began) * 1000
 
 
