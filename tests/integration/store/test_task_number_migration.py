@@ -101,3 +101,20 @@ async def test_a_workspace_without_numbers_keeps_its_counter(bare: Store) -> Non
     await _to(bare, "head")  # its sequence never handed out a number
     async with bare.write() as conn:
         assert await task_store.next_task_number(conn, ws) == (1, "NEW")
+
+
+async def test_a_workspace_without_a_sequence_keeps_its_counter(bare: Store) -> None:
+    """A workspace row written at 0011 without its sequence (by hand) does not stop 0012."""
+    await _to(bare, "0011")
+    ws = uuid.uuid4()
+    async with bare.write() as conn:
+        await conn.execute(
+            sa.text(
+                "INSERT INTO workspaces (id, name, slug, task_key, task_counter, created_at) "
+                "VALUES (:id, 'Bare', 'bare', 'BARE', 7, :now)"
+            ),
+            {"id": ws, "now": datetime.now(UTC)},
+        )
+    await _to(bare, "head")
+    async with bare.write() as conn:
+        assert await task_store.next_task_number(conn, ws) == (8, "BARE")

@@ -33,15 +33,16 @@ def upgrade() -> None:
         return
     for row in bind.execute(sa.text("SELECT id FROM workspaces")):
         name = _name(row.id)
-        # pg_sequence_last_value is NULL for a sequence that never handed out a number.
+        # NULL (kept counter) for a sequence that never handed out a number, or that is missing
+        # (a workspace row written by hand): nothing to go on from, and nothing to drop.
         bind.execute(
             sa.text(
                 "UPDATE workspaces SET task_counter = GREATEST(task_counter, "
-                "pg_sequence_last_value(CAST(:sequence AS regclass))) WHERE id = :id"
+                "pg_sequence_last_value(to_regclass(:sequence))) WHERE id = :id"
             ),
             {"sequence": name, "id": row.id},
         )
-        bind.execute(sa.text(f'DROP SEQUENCE "{name}"'))
+        bind.execute(sa.text(f'DROP SEQUENCE IF EXISTS "{name}"'))
 
 
 def downgrade() -> None:
