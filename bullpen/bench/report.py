@@ -97,11 +97,11 @@ class Distribution:
         """Return the JSON form."""
         return {
             "count": self.count,
-            "mean": _round(self.mean),
-            "p50": _round(self.p50),
-            "p95": _round(self.p95),
-            "p99": _round(self.p99),
-            "max": _round(self.max),
+            "mean": round_or_none(self.mean),
+            "p50": round_or_none(self.p50),
+            "p95": round_or_none(self.p95),
+            "p99": round_or_none(self.p99),
+            "max": round_or_none(self.max),
         }
 
 
@@ -215,23 +215,23 @@ class StageResult:
             "vus_from": self.vus_from,
             "vus_target": self.vus_target,
             "vus_max": self.vus_max,
-            "duration_s": _round(self.duration_s),
+            "duration_s": round_or_none(self.duration_s),
             "created": self.created,
             "completed": self.completed,
-            "created_per_s": _round(self.created_per_s),
-            "completed_per_s": _round(self.completed_per_s),
+            "created_per_s": round_or_none(self.created_per_s),
+            "completed_per_s": round_or_none(self.completed_per_s),
             "create_ms": self.create_ms.as_dict(),
             "ttft_ms": self.ttft_ms.as_dict(),
             "provider_ttft_ms": self.provider_ttft_ms.as_dict(),
             "ttft_overhead_ms": self.overhead_ms.as_dict(),
             "completion_ms": self.completion_ms.as_dict(),
-            "rss_max_mb": _round(_scale(self.rss_max_bytes, 1 / _MB)),
-            "rss_mean_mb": _round(_scale(self.rss_mean_bytes, 1 / _MB)),
+            "rss_max_mb": round_or_none(_scale(self.rss_max_bytes, 1 / _MB)),
+            "rss_mean_mb": round_or_none(_scale(self.rss_mean_bytes, 1 / _MB)),
             "pool_in_use_max": self.pool_in_use_max,
-            "pool_in_use_mean": _round(self.pool_in_use_mean),
+            "pool_in_use_mean": round_or_none(self.pool_in_use_mean),
             "pool_size_max": self.pool_size_max,
-            "pool_saturation_max_pct": _round(_scale(self.pool_saturation_max, 100)),
-            "pool_saturation_mean_pct": _round(_scale(self.pool_saturation_mean, 100)),
+            "pool_saturation_max_pct": round_or_none(_scale(self.pool_saturation_max, 100)),
+            "pool_saturation_mean_pct": round_or_none(_scale(self.pool_saturation_mean, 100)),
             "errors": self.errors,
             "errors_total": self.errors_total,
         }
@@ -325,19 +325,19 @@ def to_json(result: BenchResult) -> dict[str, Any]:
         "version": JSON_VERSION,
         "base_url": result.base_url,
         "think_s": result.think_s,
-        "duration_s": _round(math.fsum(s.duration_s for s in result.stages)),
-        "wall_s": _round(result.wall_s),
+        "duration_s": round_or_none(math.fsum(s.duration_s for s in result.stages)),
+        "wall_s": round_or_none(result.wall_s),
         "stages": stage_defs,
         "results": [row.as_dict() for row in result.rows],
         "total": result.total.as_dict(),
         "error_kinds": result.error_kinds,
         "error_examples": result.error_examples,
         "client": {
-            "cpu_s": _round(result.client_cpu_s),
-            "cpu_pct": _round(100 * result.client_cpu_s / result.wall_s)
+            "cpu_s": round_or_none(result.client_cpu_s),
+            "cpu_pct": round_or_none(100 * result.client_cpu_s / result.wall_s)
             if result.wall_s > 0
             else None,
-            "loop_lag_max_ms": _round(result.loop_lag_max_ms),
+            "loop_lag_max_ms": round_or_none(result.loop_lag_max_ms),
             "metrics_errors": result.metrics_errors,
         },
     }
@@ -420,10 +420,6 @@ def _mean(values: Sequence[float]) -> float | None:
 
 def _scale(value: float | None, factor: float) -> float | None:
     return None if value is None else value * factor
-
-
-def _round(value: float | None) -> float | None:
-    return round_or_none(value)
 
 
 # Shared by the scenarios that compare servers side by side (create, reference).

@@ -55,6 +55,26 @@ async def _scalar(store: Store, sql: str, **params: object) -> object:
         return (await conn.execute(sa.text(sql), params)).scalar()
 
 
+async def _workspace_row(store: Store, key: str, counter: int) -> uuid.UUID:
+    """A workspace written as a row (no sequence made for it), its counter at `counter`."""
+    ws = uuid.uuid4()
+    async with store.write() as conn:
+        await conn.execute(
+            sa.text(
+                "INSERT INTO workspaces (id, name, slug, task_key, task_counter, created_at) "
+                "VALUES (:id, :key, :slug, :key, :counter, :now)"
+            ),
+            {
+                "id": ws,
+                "key": key,
+                "slug": key.lower(),
+                "counter": counter,
+                "now": datetime.now(UTC),
+            },
+        )
+    return ws
+
+
 async def _next_in_sequence(store: Store, workspace_id: uuid.UUID) -> object:
     async with store.write() as conn:
         sql = "SELECT nextval(CAST(:name AS regclass))"
@@ -63,15 +83,7 @@ async def _next_in_sequence(store: Store, workspace_id: uuid.UUID) -> object:
 
 async def test_numbers_go_on_across_the_counter_and_the_sequence(bare: Store) -> None:
     await _to(bare, "0010")
-    ws = uuid.uuid4()
-    async with bare.write() as conn:
-        await conn.execute(
-            sa.text(
-                "INSERT INTO workspaces (id, name, slug, task_key, task_counter, created_at) "
-                "VALUES (:id, 'Old', 'old', 'OLD', 41, :now)"
-            ),
-            {"id": ws, "now": datetime.now(UTC)},
-        )
+    ws = await _workspace_row(bare, "OLD", 41)
     await _to(bare, "0011")  # the sequence starts after the counter
     assert await _next_in_sequence(bare, ws) == 42
     assert await _next_in_sequence(bare, ws) == 43
@@ -89,15 +101,7 @@ async def test_numbers_go_on_across_the_counter_and_the_sequence(bare: Store) ->
 
 async def test_a_workspace_without_numbers_keeps_its_counter(bare: Store) -> None:
     await _to(bare, "0010")
-    ws = uuid.uuid4()
-    async with bare.write() as conn:
-        await conn.execute(
-            sa.text(
-                "INSERT INTO workspaces (id, name, slug, task_key, task_counter, created_at) "
-                "VALUES (:id, 'New', 'new', 'NEW', 0, :now)"
-            ),
-            {"id": ws, "now": datetime.now(UTC)},
-        )
+    ws = await _workspace_row(bare, "NEW", 0)
     await _to(bare, "head")  # its sequence never handed out a number
     async with bare.write() as conn:
         assert await task_store.next_task_number(conn, ws) == (1, "NEW")
@@ -106,15 +110,7 @@ async def test_a_workspace_without_numbers_keeps_its_counter(bare: Store) -> Non
 async def test_a_workspace_without_a_sequence_keeps_its_counter(bare: Store) -> None:
     """A workspace row written at 0011 without its sequence (by hand) does not stop 0012."""
     await _to(bare, "0011")
-    ws = uuid.uuid4()
-    async with bare.write() as conn:
-        await conn.execute(
-            sa.text(
-                "INSERT INTO workspaces (id, name, slug, task_key, task_counter, created_at) "
-                "VALUES (:id, 'Bare', 'bare', 'BARE', 7, :now)"
-            ),
-            {"id": ws, "now": datetime.now(UTC)},
-        )
+    ws = await _workspace_row(bare, "BARE", 7)
     await _to(bare, "head")
     async with bare.write() as conn:
         assert await task_store.next_task_number(conn, ws) == (8, "BARE")
