@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -12,6 +11,7 @@ import sqlalchemy as sa
 from bullpen.domain.principal import NO_WORKSPACE, Principal
 from bullpen.domain.records.audit import AuditEventRecord
 from bullpen.store.base import Connection
+from bullpen.store.ids import time_ordered_id
 from bullpen.store.paging import Page, keyset
 from bullpen.store.tables import audit_events
 
@@ -34,7 +34,7 @@ async def record(
     await conn.execute(
         _INSERT,
         {
-            "id": uuid.uuid4(),
+            "id": time_ordered_id(),
             "workspace_id": workspace_id,
             "actor_type": actor_type,
             "actor_id": actor_id,
@@ -58,7 +58,7 @@ def entry_by(
     """The row of an audit event whose actor is the caller, in its workspace (if it has one),
     for a statement that inserts it with the change it records (see tasks.insert_task_with_run)."""
     return {
-        "id": uuid.uuid4(),
+        "id": time_ordered_id(),
         "workspace_id": None if principal.workspace_id == NO_WORKSPACE else principal.workspace_id,
         "actor_type": principal.actor_type,
         "actor_id": principal.actor_id,

@@ -18,6 +18,7 @@ from sqlalchemy import exc
 from bullpen.domain.records.gateway import ProviderRecord, RouteRecord
 from bullpen.errors import Conflict
 from bullpen.store.base import Connection
+from bullpen.store.ids import time_ordered_id
 from bullpen.store.tables import cost_events, model_routes, providers
 
 PROVIDER_UPDATABLE = frozenset(
@@ -194,4 +195,4 @@ _RECORD_COST = cost_events.insert().values(
 async def record_costs(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
     """Append ledger rows (each a dict of every `cost_events` column but `id`)."""
     if rows:
-        await conn.execute(_RECORD_COST, [{"id": uuid.uuid4(), **row} for row in rows])
+        await conn.execute(_RECORD_COST, [{"id": time_ordered_id(), **row} for row in rows])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,6 +16,7 @@ from bullpen.domain.records import CommentRecord, RunRecord, TaskRecord
 from bullpen.domain.status import RunStatus, TaskStatus, task_sources
 from bullpen.errors import Conflict
 from bullpen.store.base import UNWATCHED, Connection
+from bullpen.store.ids import time_ordered_id
 from bullpen.store.paging import Page, keyset
 from bullpen.store.tables import agents, audit_events, runs, task_comments, tasks, workspaces
 
@@ -130,7 +130,7 @@ def _new_task(
 ) -> dict[str, Any]:
     """Every column of a new task but its number."""
     return {
-        "id": uuid.uuid4(),
+        "id": time_ordered_id(),
         "workspace_id": workspace_id,
         "title": title,
         "prompt": prompt,
@@ -243,7 +243,7 @@ def _queued_run(
     task_id: UUID, workspace_id: UUID, agent_id: UUID, now: datetime, priority: int
 ) -> dict[str, Any]:
     return {
-        "id": uuid.uuid4(),
+        "id": time_ordered_id(),
         "workspace_id": workspace_id,
         "task_id": task_id,
         "agent_id": agent_id,
@@ -373,7 +373,7 @@ async def add_comment(
 ) -> CommentRecord:
     """Append a comment to a task; returns it as stored."""
     row = {
-        "id": uuid.uuid4(),
+        "id": time_ordered_id(),
         "workspace_id": workspace_id,
         "task_id": task_id,
         "author_type": author_type,
