@@ -281,15 +281,6 @@ async def build(
                 lambda: store.pool_status()[0],
             )
             readers["bullpen_db_pool_size"] = ("DB pool capacity", lambda: store.pool_status()[1])
-        else:
-            readers["bullpen_sqlite_commits"] = (
-                "SQLite commits (each commits a group of write transactions)",
-                lambda: store.group_commits,
-            )
-            readers["bullpen_sqlite_transactions"] = (
-                "SQLite write transactions committed in groups",
-                lambda: store.group_members,
-            )
         auth = AuthService(
             store,
             secret,

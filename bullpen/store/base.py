@@ -125,49 +125,6 @@ _AMBIENT: contextvars.ContextVar[_Ambient | None] = contextvars.ContextVar(
 )
 
 
-# At most this many writers share one SQLite commit.
-_GROUP_MAX = 64
-
-
-class _CommitGroup:
-    """SQLite write transactions that commit together: a COMMIT writes every page the
-    transaction changed to the WAL, and writers arriving in the same turn of the event loop
-    change many of the same pages (the tail of each index), so one COMMIT for all of them
-    writes far fewer (issue 21: COMMIT was a third of the server's CPU in a create).
-
-    The group's transaction opens with the first writer and commits on the next turn of the
-    loop (after writers already scheduled have joined), or as soon as it is full. Each writer
-    waits for that commit, so nothing is acknowledged before it is durable as before.
-    """
-
-    __slots__ = ("committed", "conn", "kept", "members", "tx")
-
-    def __init__(self, engine: sa.Engine) -> None:
-        self.conn = engine.connect().execution_options(**{WRITE_OPTION: True})
-        try:
-            self.tx = self.conn.begin()
-        except BaseException:
-            self.conn.close()
-            raise
-        self.members = 0  # writers that joined
-        self.kept = 0  # writers whose statements it commits
-        self.committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def commit(self) -> None:
-        try:
-            self.tx.commit()
-        except BaseException as err:
-            with contextlib.suppress(Exception):
-                self.tx.rollback()
-            self.committed.set_exception(err)
-            # Writers awaiting it get the error; no one else must see it as unretrieved.
-            self.committed.exception()
-        else:
-            self.committed.set_result(None)
-        finally:
-            self.conn.close()
-
-
 class Store:
     """Access to the database for every aggregate module; the only holder of the engine.
 
@@ -200,11 +157,6 @@ class Store:
         )
         self._checkpointer: asyncio.Task[None] | None = None
         self._lock_fd: int | None = None
-        # SQLite's group commit: the open group, and counters for metrics.
-        self._group: _CommitGroup | None = None
-        self._committers: set[asyncio.Task[None]] = set()
-        self.group_commits = 0
-        self.group_members = 0
 
     def watch(self, tables: frozenset[str], changed: Callable[[], None]) -> None:
         """Call `changed` whenever this process writes one of `tables` (insert, update or
@@ -300,63 +252,15 @@ class Store:
     @asynccontextmanager
     async def _begin_write(self) -> AsyncIterator[Connection]:
         if isinstance(self.engine, sa.Engine):
-            async with self._group_write(self.engine) as conn:
-                yield conn
+            assert self._write_lock is not None
+            async with self._write_lock:
+                with self.engine.connect() as sync_conn:
+                    sync_conn = sync_conn.execution_options(**{WRITE_OPTION: True})
+                    with sync_conn.begin():
+                        yield InlineConnection(sync_conn)
             return
         async with self.engine.begin() as conn:
             yield conn
-
-    @asynccontextmanager
-    async def _group_write(self, engine: sa.Engine) -> AsyncIterator[Connection]:
-        """SQLite: one transaction in a group commit (see `_CommitGroup`).
-
-        The writer runs inside a savepoint of the group's transaction, holding the write lock,
-        so a failure undoes only its own statements; it returns once the group has committed.
-        """
-        assert self._write_lock is not None
-        async with self._write_lock:
-            group = self._group
-            if group is None or group.members >= _GROUP_MAX:
-                if group is not None:  # full: commit it before starting the next
-                    self._commit_group(group)
-                group = self._group = _CommitGroup(engine)
-                asyncio.get_running_loop().call_soon(self._commit_soon, group)
-            group.members += 1
-            savepoint = group.conn.begin_nested()
-            try:
-                yield InlineConnection(group.conn)
-            except BaseException:
-                if savepoint.is_active:
-                    savepoint.rollback()
-                raise
-            savepoint.commit()
-            group.kept += 1
-        await asyncio.shield(group.committed)
-
-    def _commit_soon(self, group: _CommitGroup) -> None:
-        """Commit `group` from a task of its own, once writers in it have let go of the lock."""
-        if group.committed.done():
-            return
-        if self._write_lock is not None and self._write_lock.locked():
-            task = asyncio.create_task(self._commit_when_free(group))
-            self._committers.add(task)
-            task.add_done_callback(self._committers.discard)
-            return
-        self._commit_group(group)
-
-    async def _commit_when_free(self, group: _CommitGroup) -> None:
-        assert self._write_lock is not None
-        async with self._write_lock:
-            self._commit_group(group)
-
-    def _commit_group(self, group: _CommitGroup) -> None:
-        if group.committed.done():
-            return
-        if self._group is group:
-            self._group = None
-        self.group_commits += 1
-        self.group_members += group.kept
-        group.commit()
 
     async def run_sync(self, fn: Callable[[sa.Connection], T]) -> T:
         """Run `fn` in one write transaction on a synchronous connection (migrations)."""
