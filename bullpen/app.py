@@ -33,12 +33,14 @@ from bullpen.services.agents import AgentService
 from bullpen.services.api_keys import ApiKeyService
 from bullpen.services.auth import AuthService
 from bullpen.services.bootstrap import SIMULATED_MODEL, SIMULATED_PROVIDER
+from bullpen.services.budgets import BudgetService
 from bullpen.services.enqueue import Admission
 from bullpen.services.gateway import Directory, GatewayConfig
 from bullpen.services.housekeeping import Housekeeper, Retention
 from bullpen.services.invitations import InvitationService
 from bullpen.services.ledger import UsageLedger
 from bullpen.services.routines import RoutineService, Scheduler
+from bullpen.services.spend import RunSpend, Spend
 from bullpen.services.tasks import TaskService
 from bullpen.services.team import Team
 from bullpen.services.users import UserService
@@ -93,6 +95,8 @@ class Services:
     users: UserService
     api_keys: ApiKeyService
     invitations: InvitationService
+    spend: Spend
+    budgets: BudgetService
     gateway_config: GatewayConfig
     limits: CallerLimits
     metrics: CollectorRegistry
@@ -199,6 +203,7 @@ async def build(
             max_depth=settings.task_max_depth,
         )
         team = Team(store, clock, _all(wakeups), admission=admission)
+        spend = Spend(store, clock, slice_tokens=settings.budget_slice_tokens)
         notifier: Notifier | None = None
         if (direct := settings.direct_database_url) is not None:
             # PostgreSQL: other processes hear of enqueues (NOTIFY on a direct connection)
@@ -208,7 +213,7 @@ async def build(
         process_env_allow = process_env.EnvAllow.parse(settings.process_env_allow)
         if settings.worker_enabled:
             adapters: dict[str, Adapter] = {
-                "llm": LlmAdapter(gateway, team),
+                "llm": LlmAdapter(gateway, team, RunSpend(spend, store)),
                 "http": await stack.enter_async_context(HttpAdapter(box, outbound)),
             }
             if process_allow:
@@ -343,6 +348,8 @@ async def build(
                 ttl=timedelta(seconds=settings.invitation_ttl_s),
                 pending_max=settings.invitations_max,
             ),
+            spend=spend,
+            budgets=BudgetService(store, clock, spend),
             gateway_config=GatewayConfig(store, box, directory, clock, defaults, outbound),
             limits=CallerLimits(
                 TokenBuckets(

@@ -25,6 +25,7 @@ ModelNotFound (NotFound)     404  no route or provider model by that name
 AgentStopped              422  an agent's run hit a ceiling (steps, wall time, cost)
 └── AgentLoop                    the agent repeated the same tool call
 AgentTerminated (Conflict)   409  the agent was terminated and takes no tasks
+BudgetExceeded            429  a budget (or a run's cost ceiling) has no room for the call
 """
 
 from __future__ import annotations
@@ -260,3 +261,12 @@ class AgentTerminated(Conflict):
 
     slug = "agent-terminated"
     title = "Agent terminated"
+
+
+class BudgetExceeded(BullpenError):
+    """A budget, or a run's cost ceiling, has no room left for this call: it was refused
+    before it started, or its stream was stopped."""
+
+    status = 429
+    slug = "budget-exceeded"
+    title = "Budget exceeded"

@@ -179,6 +179,8 @@ class Settings(BaseSettings):
     # The gateway.
     # A 429 whose Retry-After is at most this is waited out once on the same provider; a longer
     # one moves on to the next provider of the route at once.
+    # Output tokens a streaming call reserves against its budgets at a time (docs/budgets.md).
+    budget_slice_tokens: int = Field(default=512, ge=16, le=100_000)
     gateway_retry_after_max_s: float = Field(default=2.0, ge=0)
     # A provider's circuit breaker opens after this many failures within the window, skips the
     # provider for the cooldown, then lets one probe through.

@@ -18,6 +18,8 @@ from uuid import UUID
 from bullpen.domain.events import EventKind
 from bullpen.domain.runs import ClaimedRun, RunOutcome
 from bullpen.domain.status import RunStatus
+from bullpen.gateway.catalog import Target
+from bullpen.gateway.router import Call
 
 
 class Events(Protocol):
@@ -175,3 +177,29 @@ class TeamPort(Protocol):
         cost_usd: float,
     ) -> StepResult:
         """Carry out a step's tool calls and record the step, in one fenced transaction."""
+
+
+class MeterPort(Protocol):
+    """One call's hold on the budgets and the run's cost ceiling (`services.spend.Meter`)."""
+
+    async def need(self, output_tokens: int) -> None:
+        """Make sure this much output is reserved; raise `BudgetExceeded` to stop the stream."""
+
+    def ledger_row(self, call: Call) -> dict[str, Any] | None:
+        """The call's ledger entry and the reservation it settles."""
+
+
+class SpendPort(Protocol):
+    """What an `llm` agent asks about money (`services.spend.RunSpend` implements it)."""
+
+    async def task_spent(self, run: ClaimedRun) -> float:
+        """What the agent's runs of this task spent before (every delivery and wake)."""
+
+    async def open_call(
+        self,
+        run: ClaimedRun,
+        chain: tuple[Target, ...],
+        request: dict[str, Any],
+        ceiling_left_usd: float | None,
+    ) -> MeterPort:
+        """Reserve for a call about to be made; raise `BudgetExceeded` if there is no room."""

@@ -12,6 +12,7 @@ task), stop a runaway with a typed error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -19,7 +20,17 @@ from typing import Any
 
 import orjson
 
-from bullpen.agents.base import Events, Related, Report, RunContext, StepResult, TeamPort, ToolCall
+from bullpen.agents.base import (
+    Events,
+    MeterPort,
+    Related,
+    Report,
+    RunContext,
+    SpendPort,
+    StepResult,
+    TeamPort,
+    ToolCall,
+)
 from bullpen.domain.events import EventKind
 from bullpen.domain.runs import RunOutcome
 from bullpen.domain.status import RunStatus
@@ -193,9 +204,18 @@ class _Usage:
     output_tokens: int = 0
     cost_usd: float | None = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)  # for the cost ledger
+    prior_usd: float = 0.0  # what the task's earlier runs of this agent spent
 
-    def add(self, call: Call, offset_s: float) -> None:
+    @property
+    def task_usd(self) -> float:
+        """The task's spend by this agent, earlier runs and this one."""
+        return self.prior_usd + (self.cost_usd or 0.0)
+
+    def add(self, call: Call, offset_s: float, meter: MeterPort | None = None) -> None:
         self.attempts.extend(call.attempts_public())
+        if meter is not None and (row := meter.ledger_row(call)) is not None:
+            self.calls.append(row)
         if call.served_by is None:
             return
         self.served, self.model = call.served_by, call.model or call.served_by.model
@@ -235,15 +255,17 @@ class _Usage:
             cached_input_tokens=self.cached_input_tokens if served else None,
             llm_calls=self.attempts or None,
             waits=waits,
+            calls=self.calls or None,
         )
 
 
 class LlmAdapter:
     """Runs `llm` agents: the tool loop, over the gateway."""
 
-    def __init__(self, gateway: Gateway, team: TeamPort) -> None:
+    def __init__(self, gateway: Gateway, team: TeamPort, spend: SpendPort | None = None) -> None:
         self._gateway = gateway
         self._team = team
+        self._spend = spend
 
     async def run(self, ctx: RunContext) -> RunOutcome:
         """Run the loop; provider failures and ceilings end the run `failed`, never raise."""
@@ -255,6 +277,8 @@ class LlmAdapter:
             config = LlmConfig.parse(ctx.run.agent_config)
             catalog = await self._gateway.catalogs.catalog(ctx.run.workspace_id)
             chain = catalog.resolve(config.model, config.provider)
+            if config.max_cost_usd is not None and self._spend is not None:
+                usage.prior_usd = await self._spend.task_spent(ctx.run)
             return await self._loop(ctx, config, chain, usage, began)
         except _Delivered as stop:
             delivered, error = True, stop.error
@@ -294,15 +318,15 @@ class LlmAdapter:
         tools = tool_specs(reports)
         loop = asyncio.get_running_loop()
         delivered = False
-        for taken in range(config.max_steps + 1):
-            if taken == config.max_steps:
-                raise _stop(
-                    AgentStopped(f"stopped after {taken} tool steps (max_steps)"), delivered
-                )
-            if config.max_cost_usd is not None and (usage.cost_usd or 0.0) >= config.max_cost_usd:
+        # The ceilings count the task's earlier runs of this agent too (its stored steps and
+        # ledger rows): a redelivery or a wake does not start them again from zero.
+        while True:
+            if step >= config.max_steps:
+                raise _stop(AgentStopped(f"stopped after {step} tool steps (max_steps)"), delivered)
+            if config.max_cost_usd is not None and usage.task_usd >= config.max_cost_usd:
                 raise _stop(
                     AgentStopped(
-                        f"stopped at a cost of ${usage.cost_usd:.4f} (max_cost_usd "
+                        f"stopped at a cost of ${usage.task_usd:.4f} (max_cost_usd "
                         f"${config.max_cost_usd:.4f})"
                     ),
                     delivered,
@@ -316,22 +340,28 @@ class LlmAdapter:
                 request["max_tokens"] = config.max_tokens
             call = Call()
             offset = loop.time() - began
+            meter: MeterPort | None = None
             try:
                 if left <= 0:
                     raise TimeoutError
                 async with asyncio.timeout(left):
-                    text, calls = await self._complete(chain, request, call, ctx.events)
+                    if self._spend is not None:
+                        ceiling = None
+                        if config.max_cost_usd is not None:
+                            ceiling = config.max_cost_usd - usage.task_usd
+                        meter = await self._spend.open_call(run, chain, request, ceiling)
+                    text, calls = await self._complete(chain, request, call, ctx.events, meter)
             except TimeoutError:
-                usage.add(call, offset)
+                usage.add(call, offset, meter)
                 wall = f"{config.max_wall_s:g}"
                 raise _stop(
                     AgentStopped(f"stopped after {wall} s of wall time (max_wall_s)"),
                     delivered or call.delivered,
                 ) from None
             except BullpenError as err:
-                usage.add(call, offset)
+                usage.add(call, offset, meter)
                 raise _stop(err, delivered or call.delivered) from None
-            usage.add(call, offset)
+            usage.add(call, offset, meter)
             delivered = delivered or call.delivered
             if not calls:
                 return usage.outcome(None, text)
@@ -388,23 +418,62 @@ class LlmAdapter:
                 return usage.outcome(None, done.finished)
             if done.waits:
                 return usage.outcome(None, None, waits=True)
-        raise AssertionError("unreachable: the loop returns or raises by max_steps")
 
     async def _complete(
-        self, chain: tuple[Target, ...], request: dict[str, Any], call: Call, events: Events
+        self,
+        chain: tuple[Target, ...],
+        request: dict[str, Any],
+        call: Call,
+        events: Events,
+        meter: MeterPort | None,
     ) -> tuple[str, list[ToolCall]]:
-        """One streaming completion: its text (streamed into the run) and tool calls."""
+        """One streaming completion: its text (streamed into the run) and tool calls.
+
+        With a meter, the output is reserved as it arrives; a refusal stops the stream there
+        (closed at once, so the provider stops and the call's usage is settled)."""
         parts: list[str] = []
         pieces = ToolCalls()
-        async for batch in self._gateway.router.stream(chain, request, call):
-            for chunk in batch:
-                text = content_of(chunk)
-                if text:
-                    parts.append(text)
-                    events.text(text)
-                pieces.add(chunk)
+        # Output as the gateway counts it when the provider reports no usage (a stopped
+        # stream): a token a content chunk, or four characters one, whichever is more.
+        text_chars = tool_chars = text_chunks = 0
+        stream = self._gateway.router.stream(chain, request, call)
+        async with contextlib.aclosing(stream):
+            async for batch in stream:
+                for chunk in batch:
+                    text = content_of(chunk)
+                    if text:
+                        parts.append(text)
+                        events.text(text)
+                        text_chars += len(text)
+                        text_chunks += 1
+                    tool_chars += _tool_chars(chunk)
+                    pieces.add(chunk)
+                if meter is not None:
+                    text_tokens = max(text_chunks, -(-text_chars // _CHARS_PER_TOKEN))
+                    await meter.need(text_tokens + -(-tool_chars // _CHARS_PER_TOKEN))
         found = [ToolCall(c.id or f"call_{c.index}", c.name, c.arguments) for c in pieces.calls()]
         return "".join(parts), found
+
+
+_CHARS_PER_TOKEN = 4  # as the gateway counts output a provider did not report
+
+
+def _tool_chars(chunk: dict[str, Any]) -> int:
+    """Characters of tool call arguments in a chunk (output the model is billed for)."""
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return 0
+    delta = choices[0].get("delta")
+    pieces = delta.get("tool_calls") if isinstance(delta, dict) else None
+    if not isinstance(pieces, list):
+        return 0
+    total = 0
+    for piece in pieces:
+        function = piece.get("function") if isinstance(piece, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            total += len(arguments)
+    return total
 
 
 class _Delivered(Exception):

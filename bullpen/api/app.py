@@ -21,6 +21,7 @@ from bullpen.api.routes import (
     agents,
     api_keys,
     audit,
+    budgets,
     events,
     invitations,
     members,
@@ -77,6 +78,7 @@ API_ROUTERS: list[APIRouter] = [
         events,
         audit,
         providers,
+        budgets,
     )
 ]
 

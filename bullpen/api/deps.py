@@ -19,6 +19,7 @@ from bullpen.domain.principal import Principal
 from bullpen.errors import Forbidden, Unauthenticated, UnsupportedMediaType
 from bullpen.services.agents import AgentService
 from bullpen.services.api_keys import ApiKeyService
+from bullpen.services.budgets import BudgetService
 from bullpen.services.gateway import GatewayConfig
 from bullpen.services.invitations import InvitationService
 from bullpen.services.routines import RoutineService
@@ -112,6 +113,10 @@ async def _gateway_config(svc: ServicesDep) -> GatewayConfig:
     return svc.gateway_config
 
 
+async def _budgets(svc: ServicesDep) -> BudgetService:
+    return svc.budgets
+
+
 Agents = Annotated[AgentService, Depends(_agents)]
 ApiKeys = Annotated[ApiKeyService, Depends(_api_keys)]
 Invitations = Annotated[InvitationService, Depends(_invitations)]
@@ -119,6 +124,7 @@ Workspaces = Annotated[WorkspaceService, Depends(_workspaces)]
 Users = Annotated[UserService, Depends(_users)]
 Routines = Annotated[RoutineService, Depends(_routines)]
 GatewayConfigs = Annotated[GatewayConfig, Depends(_gateway_config)]
+Budgets = Annotated[BudgetService, Depends(_budgets)]
 
 
 def check_same_site(request: Request) -> None:

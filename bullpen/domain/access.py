@@ -33,6 +33,8 @@ class Permission(StrEnum):
     PROVIDERS_READ = "providers:read"  # providers (never their keys) and model routes
     PROVIDERS_WRITE = "providers:write"
     LLM_USE = "llm:use"  # call models through the relay, spending the workspace's money
+    COSTS_READ = "costs:read"  # the cost ledger's totals and series, and budgets
+    BUDGETS_WRITE = "budgets:write"
 
 
 ALL_SCOPES = "*"
@@ -46,6 +48,7 @@ _VIEWER = frozenset(
         Permission.AGENTS_READ,
         Permission.TASKS_READ,
         Permission.PROVIDERS_READ,
+        Permission.COSTS_READ,
     }
 )
 _MEMBER = _VIEWER | {Permission.TASKS_WRITE, Permission.LLM_USE}
@@ -56,6 +59,7 @@ _ADMIN = _MEMBER | {
     Permission.AGENTS_WRITE,
     Permission.AUDIT_READ,
     Permission.PROVIDERS_WRITE,
+    Permission.BUDGETS_WRITE,
 }
 _OWNER = _ADMIN | {Permission.WORKSPACE_DELETE}
 

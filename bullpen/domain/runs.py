@@ -59,6 +59,9 @@ class RunOutcome:
     # The agent delegated and waits: the task is `blocked` until what it waits for has ended
     # (at once queued again if that already happened), not `done`.
     waits: bool = False
+    # Every LLM call the run made, for the cost ledger: provider, model, tokens, cost,
+    # estimated, and the budget reservation it settles (`reservation_id`, may be None).
+    calls: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,8 @@ The rules (docs/gateway.md):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+import contextlib
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from uuid import UUID
@@ -131,8 +132,12 @@ class Router:
                 call.attempts.append(attempt)
                 attempt_started = loop.time()
                 try:
-                    async for batch in self._attempt(target, request, call, attempt, started):
-                        yield batch
+                    # Closed here, not when collected: a caller that stops reading (a budget's
+                    # stop) needs the attempt's usage settled into `call` at once.
+                    attempt_stream = self._attempt(target, request, call, attempt, started)
+                    async with contextlib.aclosing(attempt_stream):
+                        async for batch in attempt_stream:
+                            yield batch
                 except ProviderError as err:
                     attempt.reason, attempt.detail = err.reason, err.detail
                     self._metrics.outcome(provider.key, err.reason)
@@ -200,7 +205,7 @@ class Router:
         call: Call,
         attempt: Attempt,
         call_started: float,
-    ) -> AsyncIterator[list[dict[str, Any]]]:
+    ) -> AsyncGenerator[list[dict[str, Any]], None]:
         provider = target.provider
         exchange = Exchange()
         body = {

@@ -28,6 +28,7 @@ from bullpen.domain.events import EventKind, RunEvent
 from bullpen.domain.runs import ClaimedRun, Held, Redelivery, RetryPolicy, RunOutcome
 from bullpen.domain.status import RunStatus
 from bullpen.errors import BullpenError
+from bullpen.store import budgets as budget_store
 from bullpen.store import claims as claim_store
 from bullpen.store import events as event_store
 from bullpen.store import runs as run_store
@@ -404,13 +405,24 @@ class Worker:
         try:
             await self._eventlog.flush(writer)
             async with self._store.write() as conn:
+                now = self._clock()
                 redelivered = await _redeliver(
                     conn,
                     [Held(run.id, run.attempt)],
                     reason=outcome.error or "transient failure",
-                    now=self._clock(),
+                    now=now,
                     policy=self._tuning.retry,
                 )
+                if outcome.calls:  # what the failed delivery spent is spent
+                    await budget_store.settle_run(
+                        conn,
+                        run_id=run.id,
+                        workspace_id=run.workspace_id,
+                        agent_id=run.agent_id,
+                        task_id=run.task_id,
+                        calls=outcome.calls,
+                        now=now,
+                    )
         except BullpenError as err:
             log.warning("could not re-queue run %s: %s", run.id, err.detail)
             return
@@ -432,6 +444,8 @@ async def reap(
 ) -> list[tuple[Redelivery, RunEvent | None]]:
     """Re-queue or dead-letter runs whose lease expired; returns them with any end event."""
     expired = await run_store.expired(conn, now=now)
+    # Their calls in flight never reported usage: charge what was reserved for them.
+    await budget_store.charge_held(conn, [held.run_id for held in expired], now)
     return await _redeliver(
         conn, expired, reason="its worker stopped renewing the lease", now=now, policy=policy
     )

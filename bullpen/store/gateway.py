@@ -187,12 +187,28 @@ _RECORD_COST = cost_events.insert().values(
             "output_tokens",
             "cost_usd",
             "created_at",
+            "task_id",
+            "source",
+            "estimated",
         )
     }
 )
 
 
 async def record_costs(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    """Append ledger rows (each a dict of every `cost_events` column but `id`)."""
+    """Append ledger rows (each a dict of every `cost_events` column but `id`; `task_id`,
+    `source` and `estimated` may be left out: a row with a run is a run's)."""
     if rows:
-        await conn.execute(_RECORD_COST, [{"id": time_ordered_id(), **row} for row in rows])
+        await conn.execute(
+            _RECORD_COST,
+            [
+                {
+                    "id": time_ordered_id(),
+                    "task_id": None,
+                    "source": "run" if row.get("run_id") is not None else "relay",
+                    "estimated": False,
+                    **row,
+                }
+                for row in rows
+            ],
+        )

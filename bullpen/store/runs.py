@@ -16,6 +16,7 @@ from sqlalchemy.dialects import postgresql
 from bullpen.domain.records import RunRecord
 from bullpen.domain.runs import Held, Redelivery, RetryPolicy, RunOutcome
 from bullpen.domain.status import RunStatus, TaskStatus
+from bullpen.store import budgets as budget_store
 from bullpen.store import gateway as gateway_store
 from bullpen.store import workflow
 from bullpen.store.base import Connection
@@ -324,7 +325,18 @@ async def finish(
     if row is None:
         return False
     task_id = row.task_id
-    if outcome.cost_usd is not None and outcome.provider is not None:
+    # A cancelled run may still hold reservations of the call it was stopped in.
+    if outcome.calls is not None or outcome.status is RunStatus.CANCELLED:
+        await budget_store.settle_run(
+            conn,
+            run_id=run_id,
+            workspace_id=row.workspace_id,
+            agent_id=row.agent_id,
+            task_id=task_id,
+            calls=outcome.calls or (),
+            now=now,
+        )
+    elif outcome.cost_usd is not None and outcome.provider is not None:
         # The ledger row commits with the usage it records.
         await gateway_store.record_costs(
             conn,
@@ -342,6 +354,7 @@ async def finish(
                     "output_tokens": outcome.output_tokens or 0,
                     "cost_usd": outcome.cost_usd,
                     "created_at": now,
+                    "task_id": task_id,
                 }
             ],
         )

@@ -397,8 +397,64 @@ cost_events = sa.Table(
     sa.Column("output_tokens", sa.Integer, nullable=False),
     sa.Column("cost_usd", sa.Float, nullable=False),
     _created(),
+    # Migration 0015: the task of a run's call (run ceilings sum a task's spend), whether the
+    # row is an agent run's call or a relay call, and whether its usage was counted by
+    # Bullpen (a stream stopped or cut before the provider's usage chunk) instead of reported.
+    sa.Column("task_id", sa.Uuid),
+    sa.Column("source", sa.String(8), nullable=False, server_default="relay"),
+    sa.Column("estimated", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index("ix_cost_events_workspace_created", "workspace_id", "created_at"),
     sa.Index("ix_cost_events_created", "created_at"),  # retention (migration 0010)
+    sa.Index("ix_cost_events_task_id", "task_id"),
+    sa.CheckConstraint("source IN ('run', 'relay')", name="source"),
+)
+
+# Budgets (migration 0015): an amount per period over a scope. `spent_usd` and `reserved_usd`
+# are the current period's (from `period_start`): calls reserve before they start and while
+# they stream, and settle with their real cost. `warned` / `exceeded`: whether this period's
+# warning / stop has been announced.
+budgets = sa.Table(
+    "budgets",
+    metadata,
+    _id(),
+    _workspace_fk(),
+    sa.Column("scope", sa.String(16), nullable=False),
+    sa.Column("agent_id", sa.Uuid, sa.ForeignKey("agents.id", ondelete="CASCADE")),
+    sa.Column("api_key_id", sa.Uuid, sa.ForeignKey("api_keys.id", ondelete="CASCADE")),
+    sa.Column("task_id", sa.Uuid, sa.ForeignKey("tasks.id", ondelete="CASCADE")),
+    sa.Column("amount_usd", sa.Float, nullable=False),
+    sa.Column("period", sa.String(16), nullable=False),
+    sa.Column("timezone", sa.String(64), nullable=False),
+    sa.Column("warn_percent", sa.Integer),
+    sa.Column("hard_stop", sa.Boolean, nullable=False),
+    sa.Column("period_start", UTCDateTime, nullable=False),
+    sa.Column("spent_usd", sa.Float, nullable=False, server_default="0"),
+    sa.Column("reserved_usd", sa.Float, nullable=False, server_default="0"),
+    sa.Column("warned", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("exceeded", sa.Boolean, nullable=False, server_default=sa.false()),
+    _created(),
+    sa.Column("updated_at", UTCDateTime, nullable=False),
+    sa.Index("ix_budgets_workspace_id", "workspace_id"),
+    sa.CheckConstraint("scope IN ('workspace', 'agent', 'api_key', 'task')", name="scope"),
+    sa.CheckConstraint("period IN ('month', 'lifetime')", name="period"),
+)
+
+# Open reservations (migration 0015): what a call in flight holds against `budget_ids`. A run's
+# are settled in its final transaction, or by the reaper when its lease is lost; a relay
+# call's when it ends, or by the sweep after `expires_at` if its process died.
+budget_reservations = sa.Table(
+    "budget_reservations",
+    metadata,
+    _id(),
+    _workspace_fk(),
+    sa.Column("budget_ids", JSONType, nullable=False),
+    sa.Column("amount_usd", sa.Float, nullable=False),
+    sa.Column("run_id", sa.Uuid),
+    sa.Column("api_key_id", sa.Uuid),
+    sa.Column("expires_at", UTCDateTime, nullable=False),
+    _created(),
+    sa.Index("ix_budget_reservations_run_id", "run_id"),
+    sa.Index("ix_budget_reservations_expires_at", "expires_at"),
 )
 
 # Routines (migration 0007): a cron schedule in a time zone that creates a task for an agent.
