@@ -220,7 +220,8 @@ async def settle(
     """Move a reservation into the budgets' spend at the call's real cost, and drop it.
 
     A reservation settled already (or never made) changes nothing: settling is idempotent, so
-    a run's final write and the reaper can never count one call twice."""
+    a run's final write and the reaper can never count one call twice: None when it was
+    settled already."""
     row = (
         await conn.execute(
             budget_reservations.delete()
@@ -229,7 +230,7 @@ async def settle(
         )
     ).first()
     if row is None:
-        return []
+        return None
     crossings: list[Crossing] = []
     for budget in await _locked(conn, [UUID(b) for b in row.budget_ids]):
         f = _current(budget, now)

@@ -21,6 +21,7 @@ from bullpen.security.secrets import SecretBox
 from bullpen.services.auth import hash_password
 from bullpen.services.gateway import key_context
 from bullpen.store import agents as agent_store
+from bullpen.store import budgets as budget_store
 from bullpen.store import gateway as gateway_store
 from bullpen.store import identity
 from bullpen.store import invitations as invitation_store
@@ -164,6 +165,23 @@ async def seed_tenant(store: Store, secret: bytes, csrf: Any, now: datetime, lab
             now,
         )
         tenant.objects["routine"] = str(routine)
+        budget = await budget_store.insert(
+            conn,
+            {
+                "workspace_id": ws,
+                "scope": "agent",
+                "agent_id": agent,
+                "amount_usd": 10.0,
+                "period": "month",
+                "timezone": "UTC",
+                "warn_percent": 80,
+                "hard_stop": True,
+                "period_start": now,
+                "created_at": now,
+                "updated_at": now,
+            },
+        )
+        tenant.objects["budget"] = str(budget.id)
         await _gateway(conn, tenant, secret, ws, tag, now)
     return tenant
 
