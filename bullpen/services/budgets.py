@@ -30,10 +30,10 @@ MAX_AMOUNT_USD = 1_000_000_000.0
 _SETTABLE = frozenset({"amount_usd", "warn_percent", "hard_stop", "timezone"})
 
 
-def _invalid(field: str, message: str) -> InvalidInput:
+def _invalid(field: str, message: str, code: str | None = None) -> InvalidInput:
     return InvalidInput(
         f"{field}: {message}",
-        errors=[{"location": "body", "field": field, "message": message, "code": field}],
+        errors=[{"location": "body", "field": field, "message": message, "code": code or field}],
     )
 
 
@@ -68,7 +68,9 @@ class BudgetService:
             given = values.get(column) is not None
             if given != (scope is target_scope):
                 wanted = "needs" if scope is target_scope else "must not have"
-                raise _invalid(column, f"a {scope.value} budget {wanted} `{column}`")
+                raise _invalid(
+                    column, f"a {scope.value} budget {wanted} `{column}`", "scope_target"
+                )
         now = self._clock()
         async with self._store.write() as conn:
             await self._check_target(conn, principal.workspace_id, scope, values)
@@ -171,7 +173,7 @@ class BudgetService:
         """Ledger totals in [since, until), grouped by one dimension and/or by day."""
         need(principal, Permission.COSTS_READ)
         if until <= since:
-            raise InvalidInput("`until` must be after `since`")
+            return []
         async with self._store.read() as conn:
             return await cost_store.totals(
                 conn,

@@ -114,6 +114,8 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
       config depends on the stored agent's adapter, which a schema of the request cannot know.
     - `cron` or `timezone` (body) of a routine, when the API's own check really refuses it: which
       cron expressions can fire and which IANA time zones exist, which JSON Schema cannot express.
+    - `agent_id`, `api_key_id` or `task_id` (body) of a new budget that its `scope` does not
+      name, or missing where it does: one field required by the value of another.
     - `model` (body) of a relay call that is not printable (`str.isprintable`: no control,
       separator, format or unassigned characters): Unicode categories, which the regular
       expressions of JSON Schema cannot name.
@@ -166,6 +168,8 @@ def _excused(error: Any, case: Any) -> bool:
     if where == ("body", "model") and case.path == "/v1/chat/completions":
         model = body.get("model")
         return isinstance(model, str) and not model.isprintable()
+    if error.get("code") == "scope_target" and case.path == "/api/v1/budgets":
+        return True  # which target field a budget needs depends on its `scope`
     if where in (("body", "cron"), ("body", "timezone")):
         return _refused_schedule(where[1], case.body)
     return False

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Query, Response
+from pydantic import BeforeValidator
 
 from bullpen.api import docs
 from bullpen.api.deps import Budgets, require, require_json
@@ -22,14 +24,24 @@ from bullpen.api.schemas.budgets import (
 )
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
-from bullpen.errors import InvalidInput
 
 router = APIRouter(tags=["costs"])
 
 BudgetId = Annotated[UUID, docs.path_id("budget")]
+
+
+def _not_a_number(value: object) -> object:
+    if isinstance(value, (int, float)) or (
+        isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9.]+([eE][+-]?[0-9]+)?\s*", value)
+    ):
+        raise ValueError("expected an RFC 3339 date-time, not a number")
+    return value
+
+
 Reader = Annotated[Principal, require(Permission.COSTS_READ)]
 Writer = Annotated[Principal, require(Permission.BUDGETS_WRITE)]
-_MAX_RANGE = timedelta(days=366)
+# An RFC 3339 date-time. Pydantic would also read a number as seconds since 1970: refused.
+Instant = Annotated[datetime, BeforeValidator(_not_a_number)]
 
 
 @router.get(
@@ -65,7 +77,7 @@ async def create_budget(
     body: BudgetCreate, principal: Writer, budgets: Budgets, idem: Idempotent
 ) -> Response:
     """A cap on what calls covered by `scope` may spend per period; an unknown agent, key or
-    task is 404, a target that does not match the scope 422."""
+    task is 404, a target its scope does not name (or none where it names one) 422."""
     async with idem.begin(principal) as tx:
         if tx.replayed is not None:
             return tx.replayed
@@ -129,20 +141,22 @@ async def get_costs(
     principal: Reader,
     budgets: Budgets,
     since: Annotated[
-        datetime | None, Query(description="Start (inclusive); default 30 days before `until`")
+        Instant | None,
+        Query(description="Start (inclusive), RFC 3339; default 30 days before `until`"),
     ] = None,
-    until: Annotated[datetime | None, Query(description="End (exclusive); default now")] = None,
+    until: Annotated[
+        Instant | None, Query(description="End (exclusive), RFC 3339; default now")
+    ] = None,
     group_by: Annotated[CostGroup | None, Query(description="Group by this")] = None,
     interval: Annotated[
         Literal["day"] | None, Query(description="`day`: a series per UTC day")
     ] = None,
 ) -> CostReport:
-    """Calls, tokens and USD of every LLM call, agent runs' and relay calls', over a range of
-    at most 366 days, in total, per group and/or per day. A time without an offset is UTC."""
+    """Calls, tokens and USD of every LLM call, agent runs' and relay calls', in total, per
+    group and/or per UTC day; an empty range has no rows. A time without an offset is UTC.
+    At most 5,000 rows: more is 422 (narrow the range or group by less)."""
     end = _utc(until) if until is not None else datetime.now(UTC)
     start = _utc(since) if since is not None else end - timedelta(days=30)
-    if end - start > _MAX_RANGE:
-        raise InvalidInput("`since` to `until` may span at most 366 days")
     rows = await budgets.costs(
         principal, since=start, until=end, group_by=group_by, interval=interval
     )

@@ -6,9 +6,9 @@ from datetime import datetime
 from typing import Annotated, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
-from bullpen.api.schemas.common import Strict, optional
+from bullpen.api.schemas.common import Strict, integral, optional
 from bullpen.api.schemas.routines import TimeZone
 from bullpen.domain.budgets import BudgetPeriod, BudgetRecord, BudgetScope
 from bullpen.services.budgets import MAX_AMOUNT_USD
@@ -16,15 +16,17 @@ from bullpen.services.budgets import MAX_AMOUNT_USD
 Amount = Annotated[
     float, Field(gt=0, le=MAX_AMOUNT_USD, allow_inf_nan=False, description="USD per period.")
 ]
-WarnPercent = Annotated[int, Field(ge=1, le=100, strict=True)]
+HardStop = Annotated[bool, Field(strict=True)]
+WarnPercent = Annotated[int, Field(ge=1, le=100, strict=True), BeforeValidator(integral)]
 
 
 class BudgetCreate(Strict):
-    """A new budget over the workspace, an agent, an API key or a task tree."""
+    """A new budget over the workspace, an agent, an API key or a task tree: the target's id
+    goes in the field its scope names (and no other)."""
 
     scope: BudgetScope = Field(
-        description="`workspace`, `agent` (needs `agent_id`), `api_key` (relay calls made with "
-        "it; needs `api_key_id`) or `task` (the task and all its subtasks; needs `task_id`)."
+        description="`workspace`; `agent` (needs `agent_id`); `api_key`, the relay calls made "
+        "with it (needs `api_key_id`); `task`, the task and all its subtasks (needs `task_id`)."
     )
     agent_id: UUID | None = None
     api_key_id: UUID | None = None
@@ -38,7 +40,7 @@ class BudgetCreate(Strict):
     warn_percent: WarnPercent | None = Field(
         default=80, description="Announce a warning once spend and reservations reach this."
     )
-    hard_stop: bool = Field(
+    hard_stop: HardStop = Field(
         default=True,
         description="Refuse calls and stop streams that would pass the amount; without it "
         "the budget only warns and records.",
@@ -50,7 +52,7 @@ class BudgetUpdate(Strict):
 
     amount_usd: Amount = optional()
     warn_percent: WarnPercent = optional()
-    hard_stop: bool = optional()
+    hard_stop: HardStop = optional()
     timezone: TimeZone = optional()
 
 

@@ -129,8 +129,6 @@ async def test_costs_are_totalled_grouped_and_put_in_series_by_the_database(
         ("2026-11-04", "small", 1),
     ]
     problem(await call(http, server, "GET", query + "&group_by=colour"), 422)
-    problem(await call(http, server, "GET", f"/api/v1/costs?since={until}&until={since}"), 422)
-    problem(
-        await call(http, server, "GET", "/api/v1/costs?since=2020-01-01T00:00:00Z&until=" + until),
-        422,
-    )
+    backwards = await call(http, server, "GET", f"/api/v1/costs?since={until}&until={since}")
+    assert backwards.status == 200 and backwards.body["rows"] == []
+    problem(await call(http, server, "GET", "/api/v1/costs?until=0.5"), 422)  # not seconds
