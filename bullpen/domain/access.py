@@ -33,6 +33,7 @@ class Permission(StrEnum):
     PROVIDERS_READ = "providers:read"  # providers (never their keys) and model routes
     PROVIDERS_WRITE = "providers:write"
     LLM_USE = "llm:use"  # call models through the relay, spending the workspace's money
+    APPROVALS_DECIDE = "approvals:decide"  # approve or deny (members marked approver too)
 
 
 ALL_SCOPES = "*"
@@ -56,6 +57,7 @@ _ADMIN = _MEMBER | {
     Permission.AGENTS_WRITE,
     Permission.AUDIT_READ,
     Permission.PROVIDERS_WRITE,
+    Permission.APPROVALS_DECIDE,
 }
 _OWNER = _ADMIN | {Permission.WORKSPACE_DELETE}
 

@@ -59,6 +59,8 @@ class RunOutcome:
     # The agent delegated and waits: the task is `blocked` until what it waits for has ended
     # (at once queued again if that already happened), not `done`.
     waits: bool = False
+    # A tool call waits for an approval: the task is `awaiting_approval` until it is decided.
+    awaits_approval: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -350,7 +350,9 @@ async def finish(
     dependencies = row.dependencies
     while True:
         status = TaskStatus(outcome.status.value)
-        if status is TaskStatus.DONE and (outcome.waits or dependencies):
+        if status is TaskStatus.DONE and outcome.awaits_approval:
+            status = TaskStatus.AWAITING_APPROVAL
+        elif status is TaskStatus.DONE and (outcome.waits or dependencies):
             if outcome.waits or await workflow.open_dependencies(conn, task_id):
                 status = TaskStatus.BLOCKED
         tree = (
@@ -371,6 +373,8 @@ async def finish(
         dependencies = (
             await conn.execute(sa.select(tasks.c.dependencies).where(tasks.c.id == task_id))
         ).scalar_one()
+    if status is TaskStatus.AWAITING_APPROVAL:  # not ended: nobody is told
+        return True
     if status is TaskStatus.BLOCKED:
         # What it waits for may have ended already (the check above did not lock the task):
         # `wake` looks again with the task locked, and re-queues it then.

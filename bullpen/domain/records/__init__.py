@@ -121,6 +121,9 @@ class AgentRecord:
     created_at: datetime
     reports_to: UUID | None
     description: str
+    requires_approval: bool = False  # each new task waits for a decision before it is queued
+    approval_ttl_s: int | None = None  # an undecided approval expires after this (None: setting)
+    approval_default: str | None = None  # what expiry decides: approve or deny (None: deny)
 
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
