@@ -102,10 +102,10 @@ class ApprovalService:
             raise InvalidInput(f"the reason is longer than {REASON_MAX} characters")
         now = self._clock()
         async with self._store.write() as conn:
+            await self._check_decider(conn, principal)  # whatever the object: 403 before 404
             found = await approval_store.get(conn, principal.workspace_id, approval_id)
             if found is None:
                 raise NotFound("no such approval in this workspace")
-            await self._check_decider(conn, principal)
             approve = outcome is Outcome.APPROVE
             status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
             decided = await approval_store.decide(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bullpen.api.schemas.common import Strict, optional
 from bullpen.domain.principal import Role
@@ -23,6 +23,12 @@ class MemberUpdate(Strict):
     approver: bool = optional(
         "Whether the member may approve or deny approvals (owners and admins always may)."
     )
+
+    @model_validator(mode="after")
+    def _something(self) -> MemberUpdate:
+        if not self.model_fields_set:
+            raise ValueError("send `role`, `approver` or both")
+        return self
 
 
 class MemberPublic(BaseModel):
