@@ -61,7 +61,9 @@ def test_approvals_are_listed_shown_approved_and_denied(cli: Cli) -> None:
         },
     )
     tasks = [
-        cli.api("POST", "/api/v1/tasks", {"prompt": f"Analyze dataset number {n}", "agent_id": agent["id"]})
+        cli.api(
+            "POST", "/api/v1/tasks", {"prompt": f"Analyze dataset {n}", "agent_id": agent["id"]}
+        )
         for n in range(2)
     ]
     assert {t["status"] for t in tasks} == {"awaiting_approval"}
