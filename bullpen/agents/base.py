@@ -159,7 +159,7 @@ class HeldStep:
     messages: list[dict[str, Any]]  # the step's messages up to the assistant's tool calls
     calls: list[ToolCall]
     tools: frozenset[str]  # the gated tools among the calls
-    approved: bool
+    approved: bool | None  # None: not decided yet
     reason: str | None  # the decision's reason
     cost_usd: float  # what the model call that made the step cost
 
@@ -203,4 +203,5 @@ class TeamPort(Protocol):
         """Hold a step whose calls include gated `tools` for an approval (fenced)."""
 
     async def held_step(self, task_id: UUID, step: int) -> HeldStep | None:
-        """Step `step` of the task if it was held for an approval since decided."""
+        """Step `step` of the task if it was held for an approval (`approved` None while the
+        approval is pending)."""

@@ -319,8 +319,10 @@ class LlmAdapter:
         for past in history:
             messages.extend(past)
         step = len(history)
-        if config.approval_tools:  # a step held for an approval, decided since: carry it out
+        if config.approval_tools:  # a step held for an approval: carry it out once decided
             held = await self._team.held_step(run.task_id, step + 1)
+            if held is not None and held.approved is None:  # a delivery again: still waiting
+                return usage.outcome(None, None, awaits_approval=True)
             if held is not None:
                 step += 1
                 carried = await self._carry_out(ctx, held, step, reports)

@@ -29,11 +29,9 @@ from bullpen.domain.approvals import (
     Outcome,
 )
 from bullpen.domain.principal import Principal, Role
-from bullpen.domain.status import TaskStatus
 from bullpen.errors import ApprovalDecided, Forbidden, InvalidInput, NotFound
 from bullpen.store import approvals as approval_store
 from bullpen.store import audit
-from bullpen.store import tasks as task_store
 from bullpen.store import workspaces as ws_store
 from bullpen.store.base import Connection, Store
 from bullpen.store.paging import Page
@@ -179,25 +177,14 @@ class ApprovalService:
         """The decision's effect; whether a run was queued."""
         approved = bool(approval.approved)
         if approval.kind in (ApprovalKind.TASK, ApprovalKind.TOOL_CALL):
-            task = await task_store.get_task(conn, approval.workspace_id, approval.task_id)
-            if task is None or task.status != TaskStatus.AWAITING_APPROVAL:
-                return False
+            # Guarded by the task still awaiting approval: a task cancelled meanwhile stays so;
+            # a tool call decided before the run that held it ended is released by that end.
             if approval.kind == ApprovalKind.TASK and not approved:
                 why = f": {approval.reason}" if approval.reason else ""
-                await task_store.set_task_status(
-                    conn,
-                    task.id,
-                    TaskStatus.CANCELLED,
-                    now,
-                    error=f"the approval was {approval.status}{why}"[:REASON_MAX],
-                )
+                error = f"the approval was {approval.status}{why}"[:REASON_MAX]
+                await approval_store.refuse(conn, approval.task_id, error, now)
                 return False
-            if not await task_store.set_task_status(conn, task.id, TaskStatus.QUEUED, now):
-                return False
-            await task_store.insert_run(
-                conn, task.id, task.workspace_id, task.agent_id, now, priority=task.priority
-            )
-            return True
+            return await approval_store.release(conn, approval.task_id, now) is not None
         effect = self._effects.get(approval.kind)
         return False if effect is None else await effect(conn, approval, approved, now)
 

@@ -246,10 +246,11 @@ class Team:
             self._store.after_commit(self._on_enqueued)  # streams poll soon
 
     async def held_step(self, task_id: UUID, step: int) -> HeldStep | None:
-        """Step `step` of the task if it was held for an approval since decided."""
+        """Step `step` of the task if it was held for an approval (`approved` None while the
+        approval is pending)."""
         async with self._store.read() as conn:
-            approval = await approval_store.decided_step(conn, task_id, step)
-        if approval is None or approval.approved is None:
+            approval = await approval_store.held_step(conn, task_id, step)
+        if approval is None:
             return None
         subject = approval.subject
         return HeldStep(

@@ -10,11 +10,12 @@ from uuid import UUID
 import sqlalchemy as sa
 
 from bullpen.domain.approvals import ApprovalKind, ApprovalRecord, ApprovalStatus
+from bullpen.domain.status import RunStatus, TaskStatus
 from bullpen.store.base import Connection
 from bullpen.store.ids import time_ordered_id
 from bullpen.store.notices import add_notice
 from bullpen.store.paging import Page, keyset
-from bullpen.store.tables import approvals
+from bullpen.store.tables import approvals, runs, tasks
 
 _C = approvals.c
 
@@ -157,8 +158,8 @@ async def expired(
     return [ApprovalRecord.of(row._mapping) for row in rows]
 
 
-async def decided_step(conn: Connection, task_id: UUID, step: int) -> ApprovalRecord | None:
-    """The decided approval of the task's tool step `step`, if any (a held step to resume)."""
+async def held_step(conn: Connection, task_id: UUID, step: int) -> ApprovalRecord | None:
+    """The approval holding the task's tool step `step`, pending or decided, if any."""
     row = (
         await conn.execute(
             sa.select(approvals)
@@ -166,10 +167,56 @@ async def decided_step(conn: Connection, task_id: UUID, step: int) -> ApprovalRe
                 _C.task_id == task_id,
                 _C.kind == ApprovalKind.TOOL_CALL.value,
                 _C.step == step,
-                _C.status != ApprovalStatus.PENDING.value,
             )
             .order_by(_C.created_at.desc())
             .limit(1)
         )
     ).first()
     return None if row is None else ApprovalRecord.of(row._mapping)
+
+
+async def pending_for(conn: Connection, task_id: UUID) -> bool:
+    """Whether an approval of the task waits for a decision (at most one does)."""
+    query = sa.select(_C.id).where(_C.task_id == task_id, _C.status == ApprovalStatus.PENDING.value)
+    return (await conn.execute(query.limit(1))).first() is not None
+
+
+async def release(conn: Connection, task_id: UUID, now: datetime) -> UUID | None:
+    """Queue a task `awaiting_approval` again (with a new run; its id returned), only if it is
+    still waiting: the guard re-checks under the row's lock on PostgreSQL, so a decision and
+    the run that held the step, committing in either order, queue it exactly once."""
+    row = (
+        await conn.execute(
+            tasks.update()
+            .where(tasks.c.id == task_id, tasks.c.status == TaskStatus.AWAITING_APPROVAL.value)
+            .values(status=TaskStatus.QUEUED.value, updated_at=now)
+            .returning(tasks.c.workspace_id, tasks.c.agent_id, tasks.c.priority)
+        )
+    ).first()
+    if row is None:
+        return None
+    run_id = time_ordered_id()
+    await conn.execute(
+        runs.insert().values(
+            id=run_id,
+            workspace_id=row.workspace_id,
+            task_id=task_id,
+            agent_id=row.agent_id,
+            status=RunStatus.QUEUED.value,
+            attempt=0,
+            priority=row.priority,
+            failures=0,
+            queued_at=now,
+        )
+    )
+    return run_id
+
+
+async def refuse(conn: Connection, task_id: UUID, error: str, now: datetime) -> bool:
+    """Cancel a task still `awaiting_approval` with `error`; whether it was."""
+    result = await conn.execute(
+        tasks.update()
+        .where(tasks.c.id == task_id, tasks.c.status == TaskStatus.AWAITING_APPROVAL.value)
+        .values(status=TaskStatus.CANCELLED.value, error=error, updated_at=now)
+    )
+    return int(result.rowcount) == 1

@@ -16,6 +16,7 @@ from sqlalchemy.dialects import postgresql
 from bullpen.domain.records import RunRecord
 from bullpen.domain.runs import Held, Redelivery, RetryPolicy, RunOutcome
 from bullpen.domain.status import RunStatus, TaskStatus
+from bullpen.store import approvals as approval_store
 from bullpen.store import gateway as gateway_store
 from bullpen.store import workflow
 from bullpen.store.base import Connection
@@ -374,6 +375,12 @@ async def finish(
             await conn.execute(sa.select(tasks.c.dependencies).where(tasks.c.id == task_id))
         ).scalar_one()
     if status is TaskStatus.AWAITING_APPROVAL:  # not ended: nobody is told
+        # Decided already (between the hold and this end): the decision found the task still
+        # running and left it; it goes on now.
+        if not await approval_store.pending_for(conn, task_id):
+            run = await approval_store.release(conn, task_id, now)
+            if run is not None and woken is not None:
+                woken.append(run)
         return True
     if status is TaskStatus.BLOCKED:
         # What it waits for may have ended already (the check above did not lock the task):
