@@ -16,7 +16,7 @@ class MemberUpdate(Strict):
     """Give a member another role, or mark it an approver (send only what changes)."""
 
     model_config = ConfigDict(
-        json_schema_extra={"examples": [{"role": "admin"}, {"approver": True}]}
+        json_schema_extra={"examples": [{"role": "admin"}, {"approver": True}], "minProperties": 1}
     )
 
     role: Role = optional("Only an owner may grant `owner` or change an owner's role.")
