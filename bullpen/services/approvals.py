@@ -31,7 +31,7 @@ from bullpen.domain.approvals import (
 from bullpen.domain.principal import Principal, Role
 from bullpen.errors import ApprovalDecided, Forbidden, InvalidInput, NotFound
 from bullpen.store import approvals as approval_store
-from bullpen.store import audit
+from bullpen.store import audit, workflow
 from bullpen.store import workspaces as ws_store
 from bullpen.store.base import Connection, Store
 from bullpen.store.paging import Page
@@ -182,7 +182,9 @@ class ApprovalService:
             if approval.kind == ApprovalKind.TASK and not approved:
                 why = f": {approval.reason}" if approval.reason else ""
                 error = f"the approval was {approval.status}{why}"[:REASON_MAX]
-                await approval_store.refuse(conn, approval.task_id, error, now)
+                if await approval_store.refuse(conn, approval.task_id, error, now):
+                    # It ended: a parent or a task it blocks may go on (a run queued for it).
+                    return bool(await workflow.ended_task(conn, approval.task_id, now))
                 return False
             return await approval_store.release(conn, approval.task_id, now) is not None
         effect = self._effects.get(approval.kind)

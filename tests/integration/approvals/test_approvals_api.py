@@ -17,7 +17,14 @@ from tests.support.http import bearer, call, problem
 from tests.support.seed import agent_key, new_member
 from tests.support.servers import RunningServer
 from tests.support.sse import read_events
-from tests.support.team import create_task, get_task, make_agent, until_ended
+from tests.support.team import (
+    create_task,
+    delegate,
+    finish,
+    get_task,
+    make_agent,
+    until_ended,
+)
 
 
 async def gated_agent(
@@ -199,3 +206,39 @@ async def test_approvals_are_notices_on_the_workspace_stream_and_lists_page(
     cursor = page.body["next_cursor"]
     rest_page = await call(http, server, "GET", f"/api/v1/approvals?limit=1&cursor={cursor}")
     assert rest_page.body["items"][0]["task_id"] == first["id"]
+
+
+async def test_a_denied_subtask_wakes_the_parent_that_waits_for_it(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    lead = await make_agent(
+        http,
+        server,
+        "lead",
+        [
+            {"tool_calls": [delegate("gated", "Dig into part A")]},
+            {"tool_calls": [finish("LEAD SAW: {{context}}")]},
+        ],
+    )
+    report = await make_agent(http, server, "gated", [{"text": "NEVER"}], reports_to=lead["id"])
+    reply = await call(
+        http, server, "PATCH", f"/api/v1/agents/{report['id']}", body={"requires_approval": True}
+    )
+    assert reply.status == 200, reply.text
+    task = await create_task(http, server, lead, "Lead the analysis")
+    async with asyncio.timeout(15):
+        while True:
+            pending = await call(http, server, "GET", "/api/v1/approvals?status=pending")
+            if pending.body["items"]:
+                break
+            await asyncio.sleep(0.05)
+    (approval,) = pending.body["items"]
+    async with asyncio.timeout(15):  # the lead's run ends, waiting for its subtask
+        while (await get_task(http, server, task["id"]))["status"] != "blocked":
+            await asyncio.sleep(0.05)
+    denied = await call(
+        http, server, "POST", f"/api/v1/approvals/{approval['id']}/deny", body={"reason": "no"}
+    )
+    assert denied.status == 200, denied.text
+    ended = await until_ended(http, server, task["id"])
+    assert ended["status"] == "done" and "cancelled" in ended["result"], ended
