@@ -72,16 +72,18 @@ def _change_log(*, nullable: bool) -> None:
 
 def upgrade() -> None:
     _change_log(nullable=True)
-    with op.batch_alter_table("memberships") as batch:
-        batch.add_column(
-            sa.Column("approver", sa.Boolean(), nullable=False, server_default=sa.false())
-        )
-    with op.batch_alter_table("agents") as batch:
-        batch.add_column(
-            sa.Column("requires_approval", sa.Boolean(), nullable=False, server_default=sa.false())
-        )
-        batch.add_column(sa.Column("approval_ttl_s", sa.Integer(), nullable=True))
-        batch.add_column(sa.Column("approval_default", sa.String(8), nullable=True))
+    # Plain ALTER TABLE on both backends: a batch rebuild of `agents` would drop a table that
+    # tasks and runs reference.
+    op.add_column(
+        "memberships",
+        sa.Column("approver", sa.Boolean(), nullable=False, server_default=sa.false()),
+    )
+    op.add_column(
+        "agents",
+        sa.Column("requires_approval", sa.Boolean(), nullable=False, server_default=sa.false()),
+    )
+    op.add_column("agents", sa.Column("approval_ttl_s", sa.Integer(), nullable=True))
+    op.add_column("agents", sa.Column("approval_default", sa.String(8), nullable=True))
     op.create_table(
         "approvals",
         sa.Column("id", sa.Uuid(), nullable=False),
@@ -159,11 +161,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("approvals")
-    with op.batch_alter_table("agents") as batch:
-        batch.drop_column("approval_default")
-        batch.drop_column("approval_ttl_s")
-        batch.drop_column("requires_approval")
-    with op.batch_alter_table("memberships") as batch:
-        batch.drop_column("approver")
+    for column in ("approval_default", "approval_ttl_s", "requires_approval"):
+        op.drop_column("agents", column)  # SQLite >= 3.35 drops a column in place
+    op.drop_column("memberships", "approver")
     op.execute("DELETE FROM task_changes WHERE kind IS NOT NULL")
     _change_log(nullable=False)
