@@ -17,6 +17,13 @@ from tests.support.processes import BullpenCli, bootstrap_key, bullpen_up, free_
 
 
 @dataclass
+class Agents(BullpenCli):
+    """`bullpen agents …` against the module's server."""
+
+    prefix: tuple[str, ...] = ("agents",)
+
+
+@dataclass
 class Cli(BullpenCli):
     """`bullpen approvals …` against the module's server."""
 
@@ -51,15 +58,14 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
 
 
 def test_approvals_are_listed_shown_approved_and_denied(cli: Cli) -> None:
-    agent = cli.api(
-        "POST",
-        "/api/v1/agents",
-        {
-            "name": "gated",
-            "config": {"provider": "simulated", "model": "sim-1"},
-            "requires_approval": True,
-        },
-    )
+    agents = Agents(cli.env, cli.api_key)
+    made = agents("create", "gated", "--model", "sim-1", "--requires-approval", "--json")
+    assert made.returncode == 0, made.stderr
+    agent = json.loads(made.stdout)
+    assert agent["requires_approval"] is True
+    assert agents("set", "gated", "--no-approval").returncode == 0
+    assert cli.api("GET", f"/api/v1/agents/{agent['id']}")["requires_approval"] is False
+    assert agents("set", "gated", "--requires-approval").returncode == 0
     tasks = [
         cli.api(
             "POST", "/api/v1/tasks", {"prompt": f"Analyze dataset {n}", "agent_id": agent["id"]}
