@@ -31,6 +31,7 @@ from bullpen.security.ratelimit import CallerLimits, FailureWindow, Slots, Token
 from bullpen.security.secrets import SecretBox, load_secret
 from bullpen.services.agents import AgentService
 from bullpen.services.api_keys import ApiKeyService
+from bullpen.services.approvals import ApprovalService
 from bullpen.services.auth import AuthService
 from bullpen.services.bootstrap import SIMULATED_MODEL, SIMULATED_PROVIDER
 from bullpen.services.budgets import BudgetService
@@ -88,6 +89,7 @@ class Services:
     auth: AuthService
     admission: Admission
     tasks: TaskService
+    approvals: ApprovalService
     agent_configs: ConfigPolicy
     agents: AgentService
     routines: RoutineService
@@ -239,6 +241,9 @@ async def build(
             if (direct := settings.direct_database_url) is not None:
                 # Never through a pooler: LISTEN needs a session of its own.
                 await stack.enter_async_context(Listener(asyncpg_dsn(direct), worker.notify))
+        approvals = ApprovalService(
+            store, clock, on_enqueued=_all(wakeups), default_ttl_s=settings.approval_ttl_s
+        )
         await stack.enter_async_context(
             Housekeeper(
                 store,
@@ -252,6 +257,7 @@ async def build(
                     tasks=_days(settings.task_retention_days),
                     batch=settings.retention_batch,
                 ),
+                expire_approvals=approvals.expire,
             )
         )
         if worker is not None:  # routines fire wherever runs execute (any number at once)
@@ -331,6 +337,7 @@ async def build(
                 publish=bus.publish,
                 admission=admission,
             ),
+            approvals=approvals,
             agent_configs=agent_configs,
             agents=AgentService(store, clock, agent_configs),
             routines=RoutineService(store, clock, on_enqueued=_all(wakeups), admission=admission),

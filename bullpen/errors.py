@@ -119,6 +119,13 @@ class Conflict(BullpenError):
     title = "Conflict"
 
 
+class ApprovalDecided(Conflict):
+    """The approval was decided before (by a person or by its expiry)."""
+
+    slug = "approval-decided"
+    title = "Approval already decided"
+
+
 class IdempotencyKeyInUse(Conflict):
     """A request with the same Idempotency-Key is still being processed."""
 

@@ -88,6 +88,10 @@ class Settings(BaseSettings):
     # many a workspace may have pending at once.
     invitation_ttl_s: float = Field(default=7 * 86_400.0, ge=60)
     invitations_max: int = Field(default=1000, ge=1)
+    # Approvals (issue 22): how long one waits for a decision when its agent sets no time of
+    # its own; the housekeeping sweep then decides it by its default outcome (deny unless the
+    # agent says approve).
+    approval_ttl_s: float = Field(default=86_400.0, ge=1, le=30 * 86_400.0)
 
     # Worker.
     worker_enabled: bool = True

@@ -154,6 +154,18 @@ class StepResult:
     waits: bool  # a `delegate` asked to wait for its subtask
 
 
+@dataclass(frozen=True, slots=True)
+class HeldStep:
+    """A tool step held for an approval and since decided: the next run carries it out."""
+
+    messages: list[dict[str, Any]]  # the step's messages up to the assistant's tool calls
+    calls: list[ToolCall]
+    tools: frozenset[str]  # the gated tools among the calls
+    approved: bool | None  # None: not decided yet
+    reason: str | None  # the decision's reason
+    cost_usd: float  # what the model call that made the step cost
+
+
 class TeamPort(Protocol):
     """What an `llm` agent's tool loop asks of the store (`services.team.Team` implements it)."""
 
@@ -175,8 +187,26 @@ class TeamPort(Protocol):
         calls: list[ToolCall],
         reports: list[Report],
         cost_usd: float,
+        denied: tuple[frozenset[str], str] | None = None,
     ) -> StepResult:
-        """Carry out a step's tool calls and record the step, in one fenced transaction."""
+        """Carry out a step's tool calls and record the step, in one fenced transaction;
+        `denied` (tools, result): those tools' calls are not carried out, their result given."""
+
+    async def hold_step(
+        self,
+        run: ClaimedRun,
+        *,
+        step: int,
+        messages: list[dict[str, Any]],
+        calls: list[ToolCall],
+        tools: frozenset[str],
+        cost_usd: float,
+    ) -> None:
+        """Hold a step whose calls include gated `tools` for an approval (fenced)."""
+
+    async def held_step(self, task_id: UUID, step: int) -> HeldStep | None:
+        """Step `step` of the task if it was held for an approval (`approved` None while the
+        approval is pending)."""
 
 
 class MeterPort(Protocol):

@@ -4,15 +4,19 @@ Each step is one streaming chat completion. An answer without tool calls ends th
 text as the result (a plain agent is one call). Tool calls are carried out and recorded as a
 step (see `bullpen.services.team`), then the loop goes on: `finish` ends the run with its result;
 a `delegate` that waits ends the run with the task `blocked`, and the task's next run resumes
-from the stored steps with what its subtasks ended with. Ceilings on the steps, the wall time
-and the cost of a run, and a loop detector (the same call made `loop_repeats` times on the
-task), stop a runaway with a typed error.
+from the stored steps with what its subtasks ended with. A step calling a tool of the config's
+`approval_tools` is held (its messages kept with the approval) and the run ends with the task
+`awaiting_approval`; once decided, the next run carries that step out without asking the model
+again (a denied call's result says so, with the reason) and the loop goes on. Ceilings on the
+steps, the wall time and the cost of a run, and a loop detector (the same call made
+`loop_repeats` times on the task), stop a runaway with a typed error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -22,6 +26,7 @@ import orjson
 
 from bullpen.agents.base import (
     Events,
+    HeldStep,
     MeterPort,
     Related,
     Report,
@@ -40,6 +45,8 @@ from bullpen.gateway.chunks import ToolCalls
 from bullpen.gateway.router import Call, Gateway, content_of
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful agent working on a task for your team."
+TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"  # a tool's name, as `approval_tools` lists it
+APPROVAL_TOOLS_MAX = 64
 MAX_STEPS, MAX_WALL_S, LOOP_REPEATS = 20, 600.0, 3
 _EVENT_ARGS_MAX = 2000  # characters of a tool call's arguments shown in its event
 
@@ -56,6 +63,7 @@ class LlmConfig:
     max_wall_s: float = MAX_WALL_S  # wall time per run
     max_cost_usd: float | None = None  # provider cost per run
     loop_repeats: int = LOOP_REPEATS  # the same tool call this often on a task is a loop
+    approval_tools: frozenset[str] = frozenset()  # tools whose calls wait for an approval
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> LlmConfig:
@@ -76,7 +84,23 @@ class LlmConfig:
             max_wall_s=_positive(raw, "max_wall_s", MAX_WALL_S, float),
             max_cost_usd=_positive(raw, "max_cost_usd", None, float),
             loop_repeats=_positive(raw, "loop_repeats", LOOP_REPEATS, int),
+            approval_tools=_tool_names(raw.get("approval_tools")),
         )
+
+
+def _tool_names(value: Any) -> frozenset[str]:
+    if value is None:
+        return frozenset()
+    if (
+        not isinstance(value, list)
+        or len(value) > APPROVAL_TOOLS_MAX
+        or not all(isinstance(v, str) and re.fullmatch(TOOL_NAME, v) for v in value)
+    ):
+        raise BullpenError(
+            f"agent config 'approval_tools' must be a list of at most {APPROVAL_TOOLS_MAX} "
+            "tool names"
+        )
+    return frozenset(value)
 
 
 def _positive(raw: dict[str, Any], key: str, default: Any, kind: type) -> Any:
@@ -234,6 +258,7 @@ class _Usage:
         *,
         waits: bool = False,
         delivered: bool = False,
+        awaits_approval: bool = False,
     ) -> RunOutcome:
         served = self.served is not None
         return RunOutcome(
@@ -256,6 +281,7 @@ class _Usage:
             llm_calls=self.attempts or None,
             waits=waits,
             calls=self.calls or None,
+            awaits_approval=awaits_approval,
         )
 
 
@@ -309,6 +335,18 @@ class LlmAdapter:
         for past in history:
             messages.extend(past)
         step = len(history)
+        if config.approval_tools:  # a step held for an approval: carry it out once decided
+            held = await self._team.held_step(run.task_id, step + 1)
+            if held is not None and held.approved is None:  # a delivery again: still waiting
+                return usage.outcome(None, None, awaits_approval=True)
+            if held is not None:
+                step += 1
+                carried = await self._carry_out(ctx, held, step, reports)
+                messages.extend([*held.messages, *carried.messages])
+                if carried.finished is not None:
+                    return usage.outcome(None, carried.finished)
+                if carried.waits:
+                    return usage.outcome(None, None, waits=True)
         reported = {item for m in messages for item in m.get("reported", ())}
         ended = [
             r for r in (*ctx.task.children, *ctx.task.blockers) if str(r.task_id) not in reported
@@ -399,6 +437,25 @@ class LlmAdapter:
                         "arguments": c.arguments[:_EVENT_ARGS_MAX],
                     },
                 )
+            gated = frozenset(c.name for c in calls) & config.approval_tools
+            if gated:
+                await self._team.hold_step(
+                    run,
+                    step=step,
+                    messages=[*pending, assistant],
+                    calls=calls,
+                    tools=gated,
+                    cost_usd=call.cost_usd or 0.0,
+                )
+                ctx.events.emit(
+                    EventKind.LOG,
+                    {
+                        "message": f"step {step} waits for an approval to call "
+                        + ", ".join(sorted(gated)),
+                        "source": "approval",
+                    },
+                )
+                return usage.outcome(None, None, awaits_approval=True)
             done: StepResult = await self._team.commit_step(
                 run,
                 step=step,
@@ -418,6 +475,29 @@ class LlmAdapter:
                 return usage.outcome(None, done.finished)
             if done.waits:
                 return usage.outcome(None, None, waits=True)
+
+    async def _carry_out(
+        self, ctx: RunContext, held: HeldStep, step: int, reports: list[Report]
+    ) -> StepResult:
+        """Commit a held step as decided, with no model call."""
+        denied = None
+        if not held.approved:
+            why = f": {held.reason}" if held.reason else ""
+            denied = (held.tools, f"an approver denied this call{why}")
+        done = await self._team.commit_step(
+            ctx.run,
+            step=step,
+            messages=held.messages,
+            calls=held.calls,
+            reports=reports,
+            cost_usd=held.cost_usd,
+            denied=denied,
+        )
+        for c, result in zip(held.calls, done.results, strict=True):
+            ctx.events.emit(
+                EventKind.TOOL_RESULT, {"step": step, "id": c.id, "name": c.name, "result": result}
+            )
+        return done
 
     async def _complete(
         self,

@@ -20,6 +20,7 @@ from bullpen.api.problems import RELAY_PREFIX
 from bullpen.api.routes import (
     agents,
     api_keys,
+    approvals,
     audit,
     budgets,
     events,
@@ -73,6 +74,7 @@ API_ROUTERS: list[APIRouter] = [
         api_keys,
         agents,
         tasks,
+        approvals,
         routines,
         runs,
         events,

@@ -51,6 +51,14 @@ ReportsTo = Annotated[
     typer.Option("--reports-to", metavar="AGENT", help="Its manager in the org chart."),
 ]
 
+RequiresApproval = Annotated[
+    bool | None,
+    typer.Option(
+        "--requires-approval/--no-approval",
+        help="Each new task waits for an approval before it is queued (see `bullpen approvals`).",
+    ),
+]
+
 _STATUS_STYLE = {"active": "green", "paused": "yellow", "terminated": "red"}
 
 
@@ -275,6 +283,7 @@ def agents_create(
     description: Description = None,
     reports_to: ReportsTo = None,
     max_runs: MaxRuns = None,
+    requires_approval: RequiresApproval = None,
     url: ServerUrl = DEFAULT_URL,
     *,
     api_key: ServerKey,
@@ -325,6 +334,8 @@ def agents_create(
         body["description"] = description
     if max_runs is not None:
         body["max_concurrent_runs"] = max_runs
+    if requires_approval is not None:
+        body["requires_approval"] = requires_approval
     if reports_to is not None:
         body["reports_to"] = _find(url, api_key, reports_to)["id"]
     made = call(url, api_key, "POST", "/api/v1/agents", body, create=True)
@@ -341,6 +352,7 @@ def agents_set(
         bool, typer.Option("--no-manager", help="Report to nobody (a root of the chart).")
     ] = False,
     max_runs: MaxRuns = None,
+    requires_approval: RequiresApproval = None,
     url: ServerUrl = DEFAULT_URL,
     *,
     api_key: ServerKey,
@@ -356,6 +368,8 @@ def agents_set(
         body["description"] = description
     if max_runs is not None:
         body["max_concurrent_runs"] = max_runs
+    if requires_approval is not None:
+        body["requires_approval"] = requires_approval
     if no_manager:
         body["reports_to"] = None
     if not body and reports_to is None:

@@ -2,7 +2,8 @@
 migrate, init, sim-provider).
 
 `bench` is in `bullpen.cli.bench`, `providers` and `routes` in `bullpen.cli.gateway`, `agents`
-in `bullpen.cli.agents`; what they share is in `bullpen.cli.output`, `.options` and `.client`.
+in `bullpen.cli.agents`, `approvals` in `bullpen.cli.approvals`; what they share is in
+`bullpen.cli.output`, `.options` and `.client`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import uvloop
 
 from bullpen import gcpolicy
 from bullpen.cli.agents import agents_cli
+from bullpen.cli.approvals import approvals_cli
 from bullpen.cli.bench import bench
 from bullpen.cli.gateway import providers_cli, routes_cli
 from bullpen.cli.output import console
@@ -364,6 +366,7 @@ cli.command()(bench)
 cli.add_typer(providers_cli, name="providers")
 cli.add_typer(routes_cli, name="routes")
 cli.add_typer(agents_cli, name="agents")
+cli.add_typer(approvals_cli, name="approvals")
 
 
 def main() -> None:

@@ -35,6 +35,7 @@ class Permission(StrEnum):
     LLM_USE = "llm:use"  # call models through the relay, spending the workspace's money
     COSTS_READ = "costs:read"  # the cost ledger's totals and series, and budgets
     BUDGETS_WRITE = "budgets:write"
+    APPROVALS_DECIDE = "approvals:decide"  # approve or deny (members marked approver too)
 
 
 ALL_SCOPES = "*"
@@ -60,6 +61,7 @@ _ADMIN = _MEMBER | {
     Permission.AUDIT_READ,
     Permission.PROVIDERS_WRITE,
     Permission.BUDGETS_WRITE,
+    Permission.APPROVALS_DECIDE,
 }
 _OWNER = _ADMIN | {Permission.WORKSPACE_DELETE}
 

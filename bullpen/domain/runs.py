@@ -62,6 +62,8 @@ class RunOutcome:
     # Every LLM call the run made, for the cost ledger: provider, model, tokens, cost,
     # estimated, and the budget reservation it settles (`reservation_id`, may be None).
     calls: list[dict[str, Any]] | None = None
+    # A tool call waits for an approval: the task is `awaiting_approval` until it is decided.
+    awaits_approval: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ _TASK_MOVES: dict[TaskStatus, frozenset[TaskStatus]] = {
             TaskStatus.CANCELLED,
             TaskStatus.QUEUED,
             TaskStatus.BLOCKED,
+            TaskStatus.AWAITING_APPROVAL,  # a tool call waits for a decision
         }
     ),
     TaskStatus.BLOCKED: frozenset({TaskStatus.QUEUED, TaskStatus.CANCELLED, TaskStatus.FAILED}),

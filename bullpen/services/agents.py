@@ -71,6 +71,9 @@ class AgentService:
         status: str = AgentStatus.ACTIVE,
         description: str = "",
         reports_to: UUID | None = None,
+        requires_approval: bool = False,
+        approval_ttl_s: int | None = None,
+        approval_default: str | None = None,
     ) -> AgentRecord:
         """Create an agent; a name already used in the workspace is Conflict."""
         need(principal, Permission.AGENTS_WRITE)
@@ -93,6 +96,9 @@ class AgentService:
                 description=description,
                 reports_to=reports_to,
                 agent_id=agent_id,
+                requires_approval=requires_approval,
+                approval_ttl_s=approval_ttl_s,
+                approval_default=approval_default,
             )
             await audit.record_by(
                 conn,
@@ -110,6 +116,9 @@ class AgentService:
                     "max_concurrent_runs": max_concurrent_runs,
                     "description": description,
                     "reports_to": None if reports_to is None else str(reports_to),
+                    "requires_approval": requires_approval,
+                    "approval_ttl_s": approval_ttl_s,
+                    "approval_default": approval_default,
                 },
             )
             return await self._agent(conn, principal, agent_id)

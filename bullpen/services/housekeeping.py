@@ -1,5 +1,6 @@
 """Housekeeping: delete expired idempotency keys, sessions, run events, task changes, audit
-events, usage ledger rows and ended tasks in bounded batches."""
+events, usage ledger rows and ended tasks in bounded batches; decide approvals left undecided
+past their time by their default outcome."""
 
 from __future__ import annotations
 
@@ -85,7 +86,10 @@ class Housekeeper:
         clock: Callable[[], datetime],
         interval_s: float,
         retention: Retention = Retention(),
+        *,
+        expire_approvals: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
+        self._expire_approvals = expire_approvals
         self._store = store
         self._retention = retention
         self._clock = clock
@@ -104,6 +108,14 @@ class Housekeeper:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self._interval)
+            if self._expire_approvals is not None:
+                try:
+                    expired = await self._expire_approvals()
+                except BullpenError as err:
+                    log.warning("expiring approvals failed: %s", err.detail)
+                else:
+                    if expired:
+                        log.info("housekeeping expired %d undecided approvals", expired)
             try:
                 deleted = sum((await sweep(self._store, self._clock(), self._retention)).values())
             except BullpenError as err:

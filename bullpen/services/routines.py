@@ -169,8 +169,9 @@ async def _queue_task(
     now: datetime,
     creator_user_id: UUID | None,
     creator_key_id: UUID | None,
-) -> tuple[TaskRecord, RunRecord]:
-    """Create the routine's task for a claimed slot and link the two."""
+) -> tuple[TaskRecord, RunRecord | None]:
+    """Create the routine's task for a claimed slot and link the two (no run when the agent
+    requires approval: the task awaits it)."""
     task, run = await task_store.insert_task_with_run(
         conn,
         workspace_id=routine.workspace_id,
@@ -194,7 +195,7 @@ def _fired(slot: datetime, source: str, task: Any, run: Any) -> dict[str, Any]:
         "slot_at": slot.isoformat(),
         "source": source,
         "task_id": str(task.id),
-        "run_id": str(run.id),
+        "run_id": None if run is None else str(run.id),
     }
 
 

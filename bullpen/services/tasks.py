@@ -138,8 +138,8 @@ class TaskService:
                     raise
             if parent_id is not None:
                 await workflow.count_child(conn, parent_id)
-            if task.status == TaskStatus.QUEUED.value:
-                self._store.after_commit(self._on_enqueued)
+            if task.status in (TaskStatus.QUEUED.value, TaskStatus.AWAITING_APPROVAL.value):
+                self._store.after_commit(self._on_enqueued)  # (the stream shows the approval)
         if run is None:
             return await self.get(principal, task.id)
         return task, run

@@ -17,12 +17,14 @@ from uuid import UUID
 
 import orjson
 
-from bullpen.agents.base import Related, Report, StepResult, ToolCall
+from bullpen.agents.base import HeldStep, Related, Report, StepResult, ToolCall
+from bullpen.domain.approvals import ApprovalKind, Outcome
 from bullpen.domain.runs import ClaimedRun
 from bullpen.domain.status import TERMINAL_TASK
 from bullpen.errors import Conflict
 from bullpen.services.enqueue import Admission, unavailable
 from bullpen.store import agents as agent_store
+from bullpen.store import approvals as approval_store
 from bullpen.store import runs as run_store
 from bullpen.store import workflow
 from bullpen.store.base import Store
@@ -107,8 +109,10 @@ class Team:
         calls: list[ToolCall],
         reports: list[Report],
         cost_usd: float,
+        denied: tuple[frozenset[str], str] | None = None,
     ) -> StepResult:
-        """Carry out a step's tool calls and record the step, in one fenced transaction."""
+        """Carry out a step's tool calls and record the step, in one fenced transaction;
+        `denied` (tools, result): those tools' calls are not carried out, their result given."""
         now = self._clock()
         by_name = {report.name: report for report in reports}
         results: list[str] = []
@@ -121,6 +125,8 @@ class Team:
             for index, call in enumerate(calls):
                 key = f"{step}.{index}"
                 try:
+                    if denied is not None and call.name in denied[0]:
+                        raise _ToolError(denied[1])
                     args = _args(call)
                     if call.name == "delegate":
                         report = by_name.get(str(args.get("agent")))
@@ -198,6 +204,63 @@ class Team:
             if created:
                 self._store.after_commit(self._on_enqueued)
         return StepResult(results, tool_messages, finished, waits and finished is None)
+
+    async def hold_step(
+        self,
+        run: ClaimedRun,
+        *,
+        step: int,
+        messages: list[dict[str, Any]],
+        calls: list[ToolCall],
+        tools: frozenset[str],
+        cost_usd: float,
+    ) -> None:
+        """Hold a step whose calls include gated `tools` for an approval (fenced): the task
+        waits `awaiting_approval` once the run ends, and the next run resumes at this step."""
+        now = self._clock()
+        async with self._store.write() as conn:
+            held = await run_store.holders(conn, [run.id], lock=True)
+            if held.get(run.id) != run.attempt:
+                raise Conflict("the run's lease moved on; this delivery stops")
+            agent = await agent_store.get_agent(conn, run.workspace_id, run.agent_id)
+            await approval_store.insert(
+                conn,
+                workspace_id=run.workspace_id,
+                kind=ApprovalKind.TOOL_CALL,
+                task_id=run.task_id,
+                agent_id=run.agent_id,
+                run_id=run.id,
+                step=step,
+                subject={
+                    "tools": sorted(tools),
+                    "calls": [
+                        {"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls
+                    ],
+                    "messages": messages,
+                    "cost_usd": cost_usd,
+                },
+                default_outcome=(agent.approval_default if agent else None) or Outcome.DENY,
+                ttl_s=agent.approval_ttl_s if agent else None,
+                now=now,
+            )
+            self._store.after_commit(self._on_enqueued)  # streams poll soon
+
+    async def held_step(self, task_id: UUID, step: int) -> HeldStep | None:
+        """Step `step` of the task if it was held for an approval (`approved` None while the
+        approval is pending)."""
+        async with self._store.read() as conn:
+            approval = await approval_store.held_step(conn, task_id, step)
+        if approval is None:
+            return None
+        subject = approval.subject
+        return HeldStep(
+            messages=list(subject["messages"]),
+            calls=[ToolCall(c["id"], c["name"], c["arguments"]) for c in subject["calls"]],
+            tools=frozenset(subject["tools"]),
+            approved=approval.approved,
+            reason=approval.reason,
+            cost_usd=float(subject.get("cost_usd") or 0.0),
+        )
 
 
 def _related(row: Any) -> Related:

@@ -250,6 +250,28 @@ class WorkspaceService:
             )
             return await self._member(conn, principal, user_id)
 
+    async def set_approver(
+        self, principal: Principal, user_id: UUID, approver: bool
+    ) -> MemberRecord:
+        """Mark a member as one who may decide approvals, or not (audited when it changes)."""
+        need(principal, Permission.MEMBERS_WRITE)
+        now = self._clock()
+        async with self._store.write() as conn:
+            member = await self._member(conn, principal, user_id)
+            if member.approver is approver:
+                return member
+            await ws_store.set_approver(conn, principal.workspace_id, user_id, approver)
+            await audit.record_by(
+                conn,
+                principal,
+                "member.update",
+                "user",
+                user_id,
+                now,
+                {"before": {"approver": member.approver}, "after": {"approver": approver}},
+            )
+            return await self._member(conn, principal, user_id)
+
     async def remove_member(self, principal: Principal, user_id: UUID) -> None:
         """End a membership with its sessions and keys there; admins cannot remove owners."""
         need(principal, Permission.MEMBERS_WRITE)

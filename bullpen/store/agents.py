@@ -22,7 +22,18 @@ from bullpen.store.base import Connection
 from bullpen.store.tables import agents, tasks
 
 UPDATABLE = frozenset(
-    {"name", "title", "description", "config", "status", "max_concurrent_runs", "reports_to"}
+    {
+        "name",
+        "title",
+        "description",
+        "config",
+        "status",
+        "max_concurrent_runs",
+        "reports_to",
+        "requires_approval",
+        "approval_ttl_s",
+        "approval_default",
+    }
 )
 # How far up the org chart a new manager is followed when checking for a cycle.
 CHAIN_MAX = 1000
@@ -42,6 +53,9 @@ async def create_agent(
     description: str = "",
     reports_to: UUID | None = None,
     agent_id: UUID | None = None,
+    requires_approval: bool = False,
+    approval_ttl_s: int | None = None,
+    approval_default: str | None = None,
 ) -> UUID:
     """Insert an agent and return its id; a taken name is Conflict."""
     agent_id = agent_id or uuid.uuid4()
@@ -58,6 +72,9 @@ async def create_agent(
                 max_concurrent_runs=max_concurrent_runs,
                 description=description,
                 reports_to=reports_to,
+                requires_approval=requires_approval,
+                approval_ttl_s=approval_ttl_s,
+                approval_default=approval_default,
                 created_at=now,
             )
         )

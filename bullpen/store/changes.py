@@ -1,9 +1,10 @@
-"""The task change log: every task's creation and status change, in an order readers can
-follow without missing one.
+"""The workspace change log: every task's creation and status change, and the workspace's
+notices (approvals, budgets, paused agents), in an order readers can follow without missing one.
 
 Triggers on `tasks` (migration 0008) write a row in the transaction that made the change, so
 every path (create, claim, finish, cancel, retry, wake) is covered and a rolled-back change
-leaves nothing.
+leaves nothing. Notices (`bullpen.store.notices`, migration 0013) are rows of the same log with
+a `kind` and a JSON `data`, written in the caller's transaction: same order, same cursor.
 
 The order is (xid, id), the cursor a reader resumes from. On SQLite one transaction writes at a
 time, so ids are in commit order and xid is 0. On PostgreSQL ids are taken before commit and
@@ -45,6 +46,8 @@ _FIELDS = (
     _C.previous,
     _C.title,
     _C.at,
+    _C.kind,
+    _C.data,
 )
 
 
@@ -78,6 +81,23 @@ class TaskChange:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """One workspace event that is not a task's status change (`approval.requested`, ...)."""
+
+    cursor: Cursor
+    kind: str
+    payload: dict[str, Any]
+    at: datetime
+
+    def data(self) -> dict[str, Any]:
+        """The notice as a stream event's data: its payload with `kind` and `at`."""
+        return {**self.payload, "kind": self.kind, "at": self.at.isoformat()}
+
+
+Change = TaskChange | Notice
+
+
 def _safe(conn: Connection) -> sa.ColumnElement[bool]:
     """Rows no transaction can still commit below (always true on SQLite)."""
     if conn.dialect.name == "postgresql":
@@ -87,9 +107,10 @@ def _safe(conn: Connection) -> sa.ColumnElement[bool]:
 
 async def after(
     conn: Connection, workspace_id: UUID, cursor: Cursor, limit: int
-) -> tuple[list[TaskChange], bool]:
-    """Up to `limit` changes of the workspace after `cursor`, in order, and whether committed
-    changes beyond them are held back for transactions still running (PostgreSQL)."""
+) -> tuple[list[Change], bool]:
+    """Up to `limit` changes and notices of the workspace after `cursor`, in order, and
+    whether committed changes beyond them are held back for transactions still running
+    (PostgreSQL)."""
     safe = _safe(conn).label("safe")
     rows = (
         await conn.execute(
@@ -151,13 +172,17 @@ async def subtree(conn: Connection, root_id: UUID) -> set[UUID]:
 
 
 async def delete_expired(conn: Connection, cutoff: datetime, limit: int) -> int:
-    """Delete up to `limit` changes made before `cutoff`; returns how many."""
+    """Delete up to `limit` changes and notices made before `cutoff`; returns how many."""
     doomed = sa.select(_C.id).where(_C.at < cutoff).order_by(_C.at).limit(limit)
     result = await conn.execute(task_changes.delete().where(_C.id.in_(doomed)))
     return int(result.rowcount)
 
 
-def _change(row: Any) -> TaskChange:
+def _change(row: Any) -> Change:
+    if row.kind is not None:
+        return Notice(
+            cursor=(int(row.xid), int(row.id)), kind=row.kind, payload=row.data or {}, at=row.at
+        )
     return TaskChange(
         cursor=(int(row.xid), int(row.id)),
         task_id=row.task_id,

@@ -16,6 +16,7 @@ from sqlalchemy.dialects import postgresql
 from bullpen.domain.records import RunRecord
 from bullpen.domain.runs import Held, Redelivery, RetryPolicy, RunOutcome
 from bullpen.domain.status import RunStatus, TaskStatus
+from bullpen.store import approvals as approval_store
 from bullpen.store import budgets as budget_store
 from bullpen.store import gateway as gateway_store
 from bullpen.store import workflow
@@ -363,7 +364,9 @@ async def finish(
     dependencies = row.dependencies
     while True:
         status = TaskStatus(outcome.status.value)
-        if status is TaskStatus.DONE and (outcome.waits or dependencies):
+        if status is TaskStatus.DONE and outcome.awaits_approval:
+            status = TaskStatus.AWAITING_APPROVAL
+        elif status is TaskStatus.DONE and (outcome.waits or dependencies):
             if outcome.waits or await workflow.open_dependencies(conn, task_id):
                 status = TaskStatus.BLOCKED
         tree = (
@@ -384,6 +387,14 @@ async def finish(
         dependencies = (
             await conn.execute(sa.select(tasks.c.dependencies).where(tasks.c.id == task_id))
         ).scalar_one()
+    if status is TaskStatus.AWAITING_APPROVAL:  # not ended: nobody is told
+        # Decided already (between the hold and this end): the decision found the task still
+        # running and left it; it goes on now.
+        if not await approval_store.pending_for(conn, task_id):
+            run = await approval_store.release(conn, task_id, now)
+            if run is not None and woken is not None:
+                woken.append(run)
+        return True
     if status is TaskStatus.BLOCKED:
         # What it waits for may have ended already (the check above did not lock the task):
         # `wake` looks again with the task locked, and re-queues it then.

@@ -89,6 +89,8 @@ memberships = sa.Table(
     sa.Column("user_id", sa.Uuid, sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
     sa.Column("role", sa.String(16), nullable=False),
     _created(),
+    # May decide approvals whatever the role (migration 0013); owners and admins always may.
+    sa.Column("approver", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.PrimaryKeyConstraint("workspace_id", "user_id"),
     sa.CheckConstraint("role IN ('owner', 'admin', 'member', 'viewer')", name="role"),
 )
@@ -121,6 +123,11 @@ agents = sa.Table(
     # checked by the service), and its standing instructions.
     sa.Column("reports_to", sa.Uuid, sa.ForeignKey("agents.id", ondelete="SET NULL")),
     sa.Column("description", sa.Text, nullable=False, server_default=""),
+    # Approvals (migration 0013): each new task waits for a decision before it is queued; an
+    # undecided one expires after `approval_ttl_s` (None: the setting) with `approval_default`.
+    sa.Column("requires_approval", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("approval_ttl_s", sa.Integer),
+    sa.Column("approval_default", sa.String(8)),
     sa.UniqueConstraint("workspace_id", "name", name="uq_agents_workspace_name"),
     sa.CheckConstraint(
         "status IN ({})".format(", ".join(f"'{s.value}'" for s in AgentStatus)), name="status"
@@ -288,7 +295,8 @@ run_events = sa.Table(
 )
 
 # Every task's creation and status change, written by triggers on `tasks` (migration 0008) in
-# the changing transaction; the workspace stream reads it in (xid, id) order.
+# the changing transaction, and the workspace's notices (migration 0013: `kind` set, the task
+# columns empty; bullpen/store/notices.py); the workspace stream reads it in (xid, id) order.
 task_changes = sa.Table(
     "task_changes",
     metadata,
@@ -300,18 +308,57 @@ task_changes = sa.Table(
     # No foreign key: its check would lock the workspace row (KEY SHARE) in every claim and
     # finish, and that row is hot. Deleting a workspace deletes its changes explicitly.
     sa.Column("workspace_id", sa.Uuid, nullable=False),
-    sa.Column("task_id", sa.Uuid, nullable=False),
+    sa.Column("task_id", sa.Uuid),  # the task columns are None for a notice
     sa.Column("parent_id", sa.Uuid),
-    sa.Column("agent_id", sa.Uuid, nullable=False),
-    sa.Column("number", sa.BigInteger, nullable=False),
-    sa.Column("status", sa.String(24), nullable=False),
+    sa.Column("agent_id", sa.Uuid),
+    sa.Column("number", sa.BigInteger),
+    sa.Column("status", sa.String(24)),
     sa.Column("previous", sa.String(24)),  # None for a creation
     sa.Column("title", sa.String(200)),  # only for a creation
     sa.Column("at", UTCDateTime, nullable=False),
+    sa.Column("kind", sa.String(40)),  # a notice's kind (None for a task change)
+    sa.Column("data", JSONType),  # a notice's data
     sa.Index("ix_task_changes_feed", "workspace_id", "xid", "id"),
     sa.Index("ix_task_changes_task", "task_id"),
     sa.Index("ix_task_changes_at", "at"),
     sqlite_autoincrement=True,
+)
+
+# Human-in-the-loop gates (migration 0013): a task held before it is queued (`task`), a tool
+# step held before it runs (`tool_call`: the step's messages in `subject`), a budget override.
+approvals = sa.Table(
+    "approvals",
+    metadata,
+    _id(),
+    _workspace_fk(),
+    sa.Column("kind", sa.String(24), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("task_id", sa.Uuid, sa.ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("agent_id", sa.Uuid, sa.ForeignKey("agents.id"), nullable=False),
+    sa.Column("run_id", sa.Uuid),  # the run that asked (a tool call's)
+    sa.Column("step", sa.Integer),  # the tool step held (a tool call's)
+    sa.Column("subject", JSONType, nullable=False),
+    sa.Column("default_outcome", sa.String(8), nullable=False),
+    sa.Column("expires_at", UTCDateTime),  # None: created_at + BULLPEN_APPROVAL_TTL_S
+    sa.Column("reason", sa.Text),
+    sa.Column("decided_at", UTCDateTime),
+    sa.Column("decided_by_user_id", sa.Uuid, sa.ForeignKey("users.id", ondelete="SET NULL")),
+    sa.Column("decided_by_key_id", sa.Uuid, sa.ForeignKey("api_keys.id", ondelete="SET NULL")),
+    _created(),
+    sa.CheckConstraint("kind IN ('task', 'tool_call', 'budget_override')", name="kind"),
+    sa.CheckConstraint("status IN ('pending', 'approved', 'denied', 'expired')", name="status"),
+    sa.CheckConstraint("default_outcome IN ('approve', 'deny')", name="default_outcome"),
+    sa.Index("ix_approvals_workspace_created", "workspace_id", "created_at", "id"),
+    sa.Index("ix_approvals_workspace_status_created", "workspace_id", "status", "created_at", "id"),
+    sa.Index("ix_approvals_status_created", "status", "created_at"),
+    sa.Index("ix_approvals_task", "task_id"),
+    sa.Index(
+        "uq_approvals_task_pending",
+        "task_id",
+        unique=True,
+        sqlite_where=sa.text("status = 'pending'"),
+        postgresql_where=sa.text("status = 'pending'"),
+    ),
 )
 
 audit_events = sa.Table(

@@ -12,9 +12,11 @@ import sqlalchemy as sa
 from sqlalchemy import exc
 
 from bullpen.domain.agents import AgentStatus
+from bullpen.domain.approvals import ApprovalKind, Outcome
 from bullpen.domain.records import CommentRecord, RunRecord, TaskRecord
 from bullpen.domain.status import RunStatus, TaskStatus, task_sources
 from bullpen.errors import Conflict
+from bullpen.store import approvals as approval_store
 from bullpen.store.base import UNWATCHED, Connection
 from bullpen.store.ids import time_ordered_id
 from bullpen.store.paging import Page, keyset
@@ -70,6 +72,7 @@ def _task_and_run_at_once(*, audited: bool) -> sa.Select[Any]:
                 agents.c.id == sa.bindparam("task_agent_id"),
                 agents.c.workspace_id == workspaces.c.id,
                 agents.c.status == AgentStatus.ACTIVE.value,
+                agents.c.requires_approval.is_(False),
             ),
         )
         .values(task_counter=workspaces.c.task_counter + 1)
@@ -116,6 +119,15 @@ _ACTIVE_AGENT = sa.select(agents.c.id).where(
     agents.c.id == sa.bindparam("agent_id"),
     agents.c.workspace_id == sa.bindparam("workspace_id"),
     agents.c.status == AgentStatus.ACTIVE.value,
+    agents.c.requires_approval.is_(False),
+)
+# An active agent whose tasks wait for an approval before they are queued: read only when the
+# insert above found no agent it may queue for, so ungated creates pay nothing for it.
+_GATED_AGENT = sa.select(agents.c.approval_ttl_s, agents.c.approval_default).where(
+    agents.c.id == sa.bindparam("agent_id"),
+    agents.c.workspace_id == sa.bindparam("workspace_id"),
+    agents.c.status == AgentStatus.ACTIVE.value,
+    agents.c.requires_approval.is_(True),
 )
 
 
@@ -161,13 +173,15 @@ async def insert_task_with_run(
     title: str,
     prompt: str,
     now: datetime,
-    audit: Callable[[UUID, UUID], dict[str, Any]] | None = None,
+    audit: Callable[[UUID, UUID | None], dict[str, Any]] | None = None,
     **fields: Any,
-) -> tuple[TaskRecord, RunRecord]:
+) -> tuple[TaskRecord, RunRecord | None]:
     """Create a queued task and its queued run; returns both as stored (no read-back).
 
     Only for an active agent of the workspace: otherwise AgentNotActive (a Conflict), and
     nothing is inserted (on PostgreSQL the check is part of the one statement that inserts).
+    For an agent that requires approval the task is `awaiting_approval`, without a run (None),
+    and its pending approval is recorded with it.
     `audit(task_id, run_id)` gives the audit event of the create (`audit.entry_by`), inserted
     with them. `fields`: creator_user_id, creator_key_id, priority, labels, parent_id,
     origin_key (the tool step that created a subtask), blocks_parent (whether the parent
@@ -186,18 +200,57 @@ async def insert_task_with_run(
             statement = _TASK_AND_RUN_AUDITED
         row = (await conn.execute(statement, params)).first()
         if row is None:
-            raise AgentNotActive
+            gated = await _awaiting(conn, task, audit)
+            if gated is None:
+                raise AgentNotActive
+            return gated, None
         number, task_key = int(row.number), str(row.task_key)
     else:
         active = {"agent_id": agent_id, "workspace_id": workspace_id}
         if (await conn.execute(_ACTIVE_AGENT, active)).first() is None:
-            raise AgentNotActive
+            gated = await _awaiting(conn, task, audit)
+            if gated is None:
+                raise AgentNotActive
+            return gated, None
         number, task_key = await next_task_number(conn, workspace_id)
         await conn.execute(_INSERT_TASK, {**task, "number": number})
         await conn.execute(_INSERT_RUN, run)
         if entry is not None:
             await conn.execute(_INSERT_AUDIT, entry)
     return TaskRecord.of({**task, "number": number, "task_key": task_key}), _stored_run(run)
+
+
+async def _awaiting(
+    conn: Connection,
+    task: dict[str, Any],
+    audit: Callable[[UUID, UUID | None], dict[str, Any]] | None,
+) -> TaskRecord | None:
+    """Insert `task` awaiting approval, with its pending approval, when its agent is active and
+    requires approval; None (nothing inserted) otherwise."""
+    agent = (
+        await conn.execute(
+            _GATED_AGENT, {"agent_id": task["agent_id"], "workspace_id": task["workspace_id"]}
+        )
+    ).first()
+    if agent is None:
+        return None
+    task = {**task, "status": TaskStatus.AWAITING_APPROVAL.value}
+    number, task_key = await next_task_number(conn, task["workspace_id"])
+    await conn.execute(_INSERT_TASK, {**task, "number": number})
+    if audit is not None:
+        await conn.execute(_INSERT_AUDIT, audit(task["id"], None))
+    await approval_store.insert(
+        conn,
+        workspace_id=task["workspace_id"],
+        kind=ApprovalKind.TASK,
+        task_id=task["id"],
+        agent_id=task["agent_id"],
+        subject={"title": task["title"], "number": f"{task_key}-{number}"},
+        default_outcome=agent.approval_default or Outcome.DENY.value,
+        ttl_s=agent.approval_ttl_s,
+        now=task["created_at"],
+    )
+    return TaskRecord.of({**task, "number": number, "task_key": task_key})
 
 
 async def insert_blocked_task(

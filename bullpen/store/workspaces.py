@@ -22,6 +22,7 @@ from bullpen.store.paging import Page, keyset
 from bullpen.store.tables import (
     agents,
     api_keys,
+    approvals,
     idempotency_keys,
     invitations,
     memberships,
@@ -41,11 +42,13 @@ _MEMBER = sa.select(
     users.c.name,
     memberships.c.role,
     memberships.c.created_at,
+    memberships.c.approver,
 ).select_from(memberships.join(users, users.c.id == memberships.c.user_id))
 
 # Children first: tasks and runs reference agents without ON DELETE, and a run's events must
 # go before the run. Whatever else carries a workspace_id follows the workspace by cascade.
 _WORKSPACE_CHILDREN = (
+    approvals,
     task_changes,  # no foreign key: a hot workspace row would gain a lock per status change
     run_events,
     runs,
@@ -167,6 +170,23 @@ async def set_role(conn: Connection, workspace_id: UUID, user_id: UUID, role: Ro
         .where(memberships.c.workspace_id == workspace_id, memberships.c.user_id == user_id)
         .values(role=role.value)
     )
+
+
+async def set_approver(conn: Connection, workspace_id: UUID, user_id: UUID, approver: bool) -> None:
+    """Mark a member as one who may decide approvals, or not."""
+    await conn.execute(
+        memberships.update()
+        .where(memberships.c.workspace_id == workspace_id, memberships.c.user_id == user_id)
+        .values(approver=approver)
+    )
+
+
+async def is_approver(conn: Connection, workspace_id: UUID, user_id: UUID) -> bool:
+    """Whether the user is a member marked approver."""
+    query = sa.select(memberships.c.approver).where(
+        memberships.c.workspace_id == workspace_id, memberships.c.user_id == user_id
+    )
+    return bool((await conn.execute(query)).scalar_one_or_none())
 
 
 async def remove_member(

@@ -1,4 +1,5 @@
-"""Workspace status streams: every task's creation and status change, from the change log.
+"""Workspace streams: every task's creation and status change, and the workspace's notices
+(approvals, budgets, paused agents), from the change log.
 
 One poller per workspace per process reads the log (`bullpen.store.changes`) and keeps the
 newest changes in memory; however many clients follow the workspace, the database sees one
@@ -25,7 +26,7 @@ import orjson
 from bullpen.errors import BullpenError
 from bullpen.store import changes as change_log
 from bullpen.store.base import Store
-from bullpen.store.changes import Cursor, TaskChange
+from bullpen.store.changes import Change, Cursor, Notice
 from bullpen.streams.bus.memory import Hub
 from bullpen.streams.sse import KEEPALIVE
 
@@ -37,8 +38,15 @@ _HELD_RETRY_S = 0.02  # re-poll delay while committed changes wait for older tra
 _MIN_GAP_S = 0.02  # at most one poll per this interval, however many wake-ups
 
 
-def format_change(change: TaskChange) -> bytes:
-    """One SSE frame; the id is the change's position (see `cursor_id`)."""
+def format_change(change: Change) -> bytes:
+    """One SSE frame, `event: task` for a task change and `event: <kind>` for a notice; the id
+    is the change's position (see `cursor_id`)."""
+    if isinstance(change, Notice):
+        return b"id: %s\nevent: %s\ndata: %s\n\n" % (
+            cursor_id(change.cursor),
+            change.kind.encode(),
+            orjson.dumps(change.data()),
+        )
     return b"id: %s\nevent: task\ndata: %s\n\n" % (
         cursor_id(change.cursor),
         orjson.dumps(change.data()),
@@ -66,7 +74,7 @@ class Feed:
         self._poll_s = poll_s
         self.head: Cursor = change_log.START  # the newest change read
         self.floor: Cursor = change_log.START  # `recent` holds every change after this
-        self._recent: list[TaskChange] = []
+        self._recent: list[Change] = []
         self._keys: list[Cursor] = []
         self._news: asyncio.Future[None] | None = None
         self._wake = asyncio.Event()
@@ -84,7 +92,7 @@ class Feed:
         """Something may have changed: poll soon."""
         self._wake.set()
 
-    async def next(self, cursor: Cursor, wait_s: float) -> list[TaskChange]:
+    async def next(self, cursor: Cursor, wait_s: float) -> list[Change]:
         """Changes after `cursor` in order (at most `PAGE`); empty when `wait_s` passed
         without one."""
         if cursor < self.floor:
@@ -130,7 +138,7 @@ class Feed:
             if gap > 0:
                 await asyncio.sleep(gap)
 
-    def _add(self, page: list[TaskChange]) -> None:
+    def _add(self, page: list[Change]) -> None:
         self._recent.extend(page)
         self._keys.extend(change.cursor for change in page)
         self.head = page[-1].cursor

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from bullpen.store import changes as change_log
 from bullpen.store.base import Store
-from bullpen.store.changes import Cursor
+from bullpen.store.changes import Cursor, Notice
 from bullpen.streams.bus.memory import Subscriber
 from bullpen.streams.changes import Feed, cursor_id, format_change, parse_cursor
 from bullpen.streams.sse import KEEPALIVE, TaskCursor, task_stream
@@ -149,6 +149,8 @@ async def _tree_changes(
             yield False, KEEPALIVE, None
             continue
         for change in page:
+            if isinstance(change, Notice):  # workspace notices are not a tree's
+                continue
             if change.parent_id in tree:
                 tree.add(change.task_id)
             if change.task_id in tree:

@@ -5,7 +5,7 @@
 - `before_call` keeps the fuzzer from deleting or changing the seeded tenant it authenticates as,
   sends the doomed workspace's own key with its deletion, makes each `Idempotency-Key`
   unique per distinct request, as its contract asks, and gives half of the invitation answers
-  and revocations a real invitation.
+  and revocations a real invitation, and half of the approval decisions a pending approval.
 - `event_stream_ends` adds a check schemathesis cannot know about: Bullpen's streams end.
 """
 
@@ -42,6 +42,8 @@ UUID_TEXT = re.compile(
     r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 )
 FUZZ_USER_ENV = "BULLPEN_FUZZ_USER"
+# An agent of the fuzzer's workspace that requires approval: each task of it is a new approval.
+GATED_AGENT_ENV = "BULLPEN_FUZZ_GATED_AGENT"
 BASE_URL_ENV = "BULLPEN_FUZZ_BASE_URL"
 # Stands in for a protected id: well-formed, and no row has it, so the answer is a plain 404.
 UNKNOWN_ID = "00000000-0000-4000-8000-000000000000"
@@ -233,6 +235,7 @@ def before_call(context: Any, case: Any, kwargs: Any) -> None:
     _seeded_route_links(case)
     _own_workspace(case)
     _fresh_invitation(case)
+    _fresh_approval(case)
 
 
 def _spare_seeded_tenant(case: Any) -> None:
@@ -379,6 +382,34 @@ def _fresh_invitation(case: Any) -> None:
         return
     issued = _call("POST", f"{base}/api/v1/invitations", key, {"email": email, "role": "viewer"})
     params["invitation_id"] = issued["id"]
+
+
+def _fresh_approval(case: Any) -> None:
+    """Send half of the approval decisions to a fresh, pending approval.
+
+    An approval is decided once and the fuzzer cannot guess ids, so approve and deny would only
+    see 404 or 409. For half of the well-formed ids (by a digest, as above) the hook first has
+    a task created for the gated agent, whose approval it then decides. The other half checks
+    that an unknown (or decided) id is a 404 (or 409).
+    """
+    params = case.path_parameters or {}
+    value = params.get("approval_id")
+    if case.method.upper() != "POST" or not isinstance(value, str):
+        return
+    if not UUID_TEXT.fullmatch(value) or hashlib.sha256(value.encode()).digest()[0] % 2:
+        return
+    base, key = os.environ[BASE_URL_ENV], os.environ[FUZZ_KEY_ENV]
+    task = _call(
+        "POST",
+        f"{base}/api/v1/tasks",
+        key,
+        {"prompt": "Held for the fuzzer", "agent_id": os.environ[GATED_AGENT_ENV]},
+    )
+    pending = _call("GET", f"{base}/api/v1/approvals?status=pending&limit=20", key)
+    for approval in pending["items"]:
+        if approval["task_id"] == task["id"]:
+            params["approval_id"] = approval["id"]
+            return
 
 
 def _call(method: str, url: str, key: str, body: Any = None) -> Any:

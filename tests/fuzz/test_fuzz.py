@@ -12,7 +12,8 @@ inference, which the pytest integration does not. Its JSON report is what the as
 its console output (failures with curl reproductions) is the assertion message.
 
 The tenant it starts with: the bootstrap workspace, its owner's API key (the fuzzer's identity),
-demo agent and a routine of it, which `fuzz_hooks.py` keeps it from deleting or changing; a
+demo agent and a routine of it, an agent that requires approval and a pending approval of one of
+its tasks, which `fuzz_hooks.py` keeps it from deleting or changing; a
 cancelled task and its run, offered as path ids half of the time (cancel, retry and run reads
 need one that exists), as is the routine (so firing one is reached);
 and a second workspace with its own owner key, whose only use is to be deleted.
@@ -124,6 +125,8 @@ class Tenant:
     member_id: str
     user_id: str
     inviters: dict[str, str]  # by answer: the key of a workspace that invites the fuzzer
+    gated_agent_id: str  # an agent that requires approval
+    approval_id: str  # a pending approval (of a task of the gated agent)
 
 
 async def _seed(server: RunningServer) -> Tenant:
@@ -170,6 +173,20 @@ async def _seed(server: RunningServer) -> Tenant:
         async with http.post(f"{server.base_url}/api/v1/routines", json=routine) as resp:
             assert resp.status == 201, await resp.text()
             routine_id = (await resp.json())["id"]
+        # An agent that requires approval, and a pending approval of one of its tasks.
+        gated = {
+            "name": "fuzz-gated",
+            "config": {"provider": "simulated", "model": "sim-1"},
+            "requires_approval": True,
+        }
+        async with http.post(f"{server.base_url}/api/v1/agents", json=gated) as resp:
+            assert resp.status == 201, await resp.text()
+            gated_agent_id = (await resp.json())["id"]
+        held = {"prompt": PROMPT, "agent_id": gated_agent_id}
+        async with http.post(base, json=held) as resp:
+            assert resp.status == 201, await resp.text()
+        async with http.get(f"{server.base_url}/api/v1/approvals?status=pending") as resp:
+            approval_id = (await resp.json())["items"][0]["id"]
     svc = server.services
     async with svc.store.write() as conn:
         doomed = await identity.create_workspace(
@@ -234,6 +251,8 @@ async def _seed(server: RunningServer) -> Tenant:
         member_id=str(member_id),
         user_id=str(boot_user),
         inviters=inviters,
+        gated_agent_id=gated_agent_id,
+        approval_id=approval_id,
     )
 
 
@@ -299,6 +318,9 @@ values = ["{tenant.workspace_id}"]
 [dictionaries.seeded_member]
 values = ["{tenant.member_id}"]
 
+[dictionaries.seeded_approval]
+values = ["{tenant.approval_id}"]
+
 [dictionaries.seeded_model]
 values = ["fuzz-route"]
 
@@ -312,6 +334,7 @@ values = ["fuzz-route"]
 "path.provider_id" = {{ dictionary = "seeded_provider", probability = 0.5 }}
 "path.route_id" = {{ dictionary = "seeded_route", probability = 0.5 }}
 "path.routine_id" = {{ dictionary = "seeded_routine", probability = 0.5 }}
+"path.approval_id" = {{ dictionary = "seeded_approval", probability = 0.5 }}
 # The fuzzer's own workspace (renaming it harms nothing; DELETE gets the doomed one, below).
 "path.workspace_id" = {{ dictionary = "own_workspace", probability = 0.5 }}
 # A member of the fuzzer's workspace (not protected); the workspace to switch to or make a key in.
@@ -362,6 +385,7 @@ async def _schemathesis(server: RunningServer, workdir: Path) -> tuple[int, str,
         "BULLPEN_FUZZ_EMAIL": server.boot.email,
         "BULLPEN_FUZZ_USER": tenant.user_id,
         "BULLPEN_FUZZ_BASE_URL": server.base_url,
+        "BULLPEN_FUZZ_GATED_AGENT": tenant.gated_agent_id,
         **{f"BULLPEN_FUZZ_{verb}_INVITER": key for verb, key in tenant.inviters.items()},
         "HYPOTHESIS_STORAGE_DIRECTORY": str(workdir / ".hypothesis"),
         "NO_COLOR": "1",

@@ -55,6 +55,8 @@ SERIAL = (
     # before the oldest write transaction still running on the whole server (pg_snapshot_xmin
     # is cluster-wide), so any other worker's open transaction holds the read back.
     "integration/store/test_task_changes.py",
+    "integration/store/test_notices.py",  # the same reads of the change log
+    "integration/store/test_approvals_migration.py",  # and here
     # Needs its third stream opened before the task it holds a stream of ends (a ~30 ms run):
     # slower, the task's stream closes, the third is admitted and read forever.
     "integration/streams/test_workspace_stream.py::test_workspace_streams_count_against_the_limits",

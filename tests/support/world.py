@@ -29,7 +29,7 @@ from bullpen.store import routines as routine_store
 from bullpen.store import tasks as task_store
 from bullpen.store import workspaces as workspace_store
 from bullpen.store.base import Connection, Store
-from bullpen.store.tables import memberships, metadata, runs, tasks, users
+from bullpen.store.tables import approvals, memberships, metadata, runs, tasks, users
 
 PASSWORD = "correct horse battery staple"
 PROMPT = "Analyze this dataset and extract key metrics"
@@ -148,6 +148,23 @@ async def seed_tenant(store: Store, secret: bytes, csrf: Any, now: datetime, lab
         await conn.execute(tasks.update().where(tasks.c.id == failed.id).values(status="failed"))
         await conn.execute(runs.update().where(runs.c.id == failed_run.id).values(status="failed"))
         tenant.objects["failed_task"] = str(failed.id)
+        # A pending approval: the task of an agent that requires approval.
+        gated = await _agent(conn, ws, f"gated-{tag}", now)
+        await agent_store.update_agent(conn, ws, gated, {"requires_approval": True})
+        held, _ = await task_store.insert_task_with_run(
+            conn,
+            workspace_id=ws,
+            agent_id=gated,
+            title="held",
+            prompt=PROMPT,
+            creator_user_id=None,
+            creator_key_id=None,
+            now=now,
+        )
+        approval = (
+            await conn.execute(sa.select(approvals.c.id).where(approvals.c.task_id == held.id))
+        ).scalar_one()
+        tenant.objects["approval"] = str(approval)
         routine = await routine_store.create_routine(
             conn,
             {

@@ -96,6 +96,9 @@ async def create_agent(
             status=body.status.value,
             description=body.description,
             reports_to=body.reports_to,
+            requires_approval=body.requires_approval,
+            approval_ttl_s=body.approval_ttl_s,
+            approval_default=None if body.approval_default is None else body.approval_default.value,
         )
         return tx.respond(
             201, AgentPublic.from_row(row, principal), location=f"/api/v1/agents/{row.id}"
@@ -135,6 +138,8 @@ async def update_agent(
         changes["config"] = body.config
     if "status" in changes:
         changes["status"] = body.status.value
+    if changes.get("approval_default") is not None:
+        changes["approval_default"] = str(changes["approval_default"])
     return AgentPublic.from_row(await agents.update(principal, agent_id, changes), principal)
 
 

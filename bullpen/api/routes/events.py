@@ -1,4 +1,4 @@
-"""/api/v1/events: the workspace's task status changes as one live stream (SSE)."""
+"""/api/v1/events: the workspace's task status changes and notices as one live stream (SSE)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ CHANGE_ID = r"^([0-9]{1,19}-)?[0-9]{1,19}$"
     },
     response_class=EventStream,
     status_code=200,
-    summary="Stream the workspace's task status changes (SSE)",
+    summary="Stream the workspace's task status changes and notices (SSE)",
 )
 async def workspace_events(
     principal: Reader,
@@ -52,8 +52,11 @@ async def workspace_events(
 ) -> EventStream:
     """A `task` event for every task created in the workspace and every change of a task's
     status (`task_id`, `number`, `parent_id`, `agent_id`, `status`, `previous`, `at`, and the
-    `title` of a new task), in the order they committed; replayed after `Last-Event-ID` for
-    as long as changes are kept, then live. It does not end by itself."""
+    `title` of a new task), and an event named for its kind for every workspace notice
+    (`approval.requested`, `approval.decided`, `budget.warning`, `budget.exceeded`,
+    `agent.paused`; its data has `kind`, `at` and the notice's fields), in the order they
+    committed; replayed after `Last-Event-ID` for as long as changes are kept, then live. It
+    does not end by itself."""
     feed, close = await svc.feeds.open(principal.workspace_id)
     start = last_event_id or after
     cursor = parse_cursor(start) if start else None

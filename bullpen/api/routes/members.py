@@ -96,13 +96,22 @@ async def get_member(user_id: UserId, principal: Reader, members: Members) -> Me
     response_model=MemberPublic,
     dependencies=[Depends(require_json)],
     responses=docs.problems(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
-    summary="Change a member's role",
+    summary="Change a member's role or approver mark",
 )
 async def update_member(
     user_id: UserId, body: MemberUpdate, principal: Writer, members: Members
 ) -> MemberPublic:
-    """Only owners grant `owner` or change an owner's role; demoting the last owner is 409."""
-    return MemberPublic.from_row(await members.change_role(principal, user_id, body.role))
+    """Only owners grant `owner` or change an owner's role; demoting the last owner is 409.
+    `approver` marks a member who may decide approvals (owners and admins always may)."""
+    sent = body.model_fields_set
+    row = None
+    if "role" in sent:
+        row = await members.change_role(principal, user_id, body.role)
+    if "approver" in sent:
+        row = await members.set_approver(principal, user_id, bool(body.approver))
+    if row is None:  # nothing sent: nothing changes
+        row = await members.member(principal, user_id)
+    return MemberPublic.from_row(row)
 
 
 @router.delete(

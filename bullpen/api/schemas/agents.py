@@ -25,11 +25,13 @@ from pydantic_core import CoreSchema
 
 from bullpen.agents.configs import public_config
 from bullpen.agents.http import SECRET_CHARS, HttpAgentConfig
-from bullpen.agents.llm import LOOP_REPEATS, MAX_STEPS, MAX_WALL_S
+from bullpen.agents.llm import APPROVAL_TOOLS_MAX, LOOP_REPEATS, MAX_STEPS, MAX_WALL_S, TOOL_NAME
 from bullpen.agents.process import ProcessAgentConfig
 from bullpen.api.schemas.common import Strict, integral, optional
 from bullpen.domain.access import Permission
 from bullpen.domain.agents import AgentStatus
+from bullpen.domain.approvals import TTL_MAX_S as APPROVAL_TTL_MAX_S
+from bullpen.domain.approvals import TTL_MIN_S as APPROVAL_TTL_MIN_S
 from bullpen.domain.principal import Principal
 from bullpen.domain.records import AgentRecord
 
@@ -59,6 +61,18 @@ MaxRuns = Annotated[int, Field(ge=RUNS_MIN, le=RUNS_MAX, strict=True), BeforeVal
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_MAX, strict=True), BeforeValidator(integral)]
 MaxSteps = Annotated[int, Field(ge=1, le=1000, strict=True), BeforeValidator(integral)]
 LoopRepeats = Annotated[int, Field(ge=2, le=1000, strict=True), BeforeValidator(integral)]
+
+
+ApprovalTtl = Annotated[
+    int, Field(ge=APPROVAL_TTL_MIN_S, le=APPROVAL_TTL_MAX_S, strict=True), BeforeValidator(integral)
+]
+
+
+class ApprovalDefault(StrEnum):
+    """What an approval that expires undecided decides."""
+
+    APPROVE = "approve"
+    DENY = "deny"
 
 
 class Adapter(StrEnum):
@@ -111,6 +125,18 @@ class LlmAgentConfig(Strict):
         description=f"The same tool call (same arguments) made this often on a task is a "
         f"runaway loop and stops the run (default {LOOP_REPEATS}).",
     )
+    approval_tools: (
+        Annotated[
+            list[Annotated[str, StringConstraints(pattern=TOOL_NAME)]],
+            Field(max_length=APPROVAL_TOOLS_MAX),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="Tools (e.g. `delegate`) whose calls wait for an approval: the run pauses "
+        "at the call (the task `awaiting_approval`) and resumes there after the decision; a "
+        "denied call's result tells the model it was denied, and why.",
+    )
 
 
 AgentConfig = LlmAgentConfig | HttpAgentConfig | ProcessAgentConfig
@@ -149,6 +175,21 @@ class _AgentFields(Strict):
         default=None,
         description="The agent's manager in the org chart (an agent of the workspace); the "
         "manager may delegate subtasks to it.",
+    )
+    requires_approval: bool = Field(
+        default=False,
+        description="Each new task of the agent waits in `awaiting_approval` (no run) until an "
+        "approver approves it (then it is queued) or denies it (then it is cancelled).",
+    )
+    approval_ttl_s: ApprovalTtl | None = Field(
+        default=None,
+        description="Seconds an approval of this agent waits for a decision before it expires "
+        "with `approval_default`; omitted: `BULLPEN_APPROVAL_TTL_S`.",
+    )
+    approval_default: ApprovalDefault | None = Field(
+        default=None,
+        description="What an expired approval of this agent decides: `approve` or `deny` "
+        "(omitted: `deny`).",
     )
 
 
@@ -258,6 +299,15 @@ class AgentUpdate(Strict):
     reports_to: UUID | None = Field(
         default=None, description="The new manager, or `null` for none (a root of the chart)."
     )
+    requires_approval: bool = optional("Whether each new task waits for an approval.")
+    approval_ttl_s: ApprovalTtl | None = Field(
+        default=None,
+        description="Seconds before an undecided approval expires, or `null` for "
+        "`BULLPEN_APPROVAL_TTL_S`.",
+    )
+    approval_default: ApprovalDefault | None = Field(
+        default=None, description="What an expired approval decides, or `null` for `deny`."
+    )
 
 
 class AgentPublic(BaseModel):
@@ -276,6 +326,14 @@ class AgentPublic(BaseModel):
     max_concurrent_runs: int
     description: str
     reports_to: UUID | None
+    requires_approval: bool = Field(description="Each new task waits for an approval.")
+    approval_ttl_s: int | None = Field(
+        description="Seconds before an undecided approval expires (`null`: the server's "
+        "`BULLPEN_APPROVAL_TTL_S`)."
+    )
+    approval_default: str | None = Field(
+        description="What an expired approval decides (`null`: `deny`)."
+    )
     created_at: datetime
 
     @classmethod
@@ -293,6 +351,9 @@ class AgentPublic(BaseModel):
             max_concurrent_runs=row.max_concurrent_runs,
             description=row.description,
             reports_to=row.reports_to,
+            requires_approval=row.requires_approval,
+            approval_ttl_s=row.approval_ttl_s,
+            approval_default=row.approval_default,
             created_at=row.created_at,
         )
 

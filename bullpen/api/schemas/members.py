@@ -5,19 +5,30 @@ from __future__ import annotations
 from datetime import datetime
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from bullpen.api.schemas.common import Strict
+from bullpen.api.schemas.common import Strict, optional
 from bullpen.domain.principal import Role
 from bullpen.domain.records.accounts import MemberRecord
 
 
 class MemberUpdate(Strict):
-    """Give a member another role."""
+    """Give a member another role, or mark it an approver (send only what changes)."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [{"role": "admin"}]})
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"role": "admin"}, {"approver": True}], "minProperties": 1}
+    )
 
-    role: Role = Field(description="Only an owner may grant `owner` or change an owner's role.")
+    role: Role = optional("Only an owner may grant `owner` or change an owner's role.")
+    approver: bool = optional(
+        "Whether the member may approve or deny approvals (owners and admins always may)."
+    )
+
+    @model_validator(mode="after")
+    def _something(self) -> MemberUpdate:
+        if not self.model_fields_set:
+            raise ValueError("send `role`, `approver` or both")
+        return self
 
 
 class MemberPublic(BaseModel):
@@ -27,6 +38,9 @@ class MemberPublic(BaseModel):
     email: str
     name: str
     role: Role
+    approver: bool = Field(
+        default=False, description="Marked an approver (owners and admins decide anyway)."
+    )
     created_at: datetime = Field(description="When the user joined the workspace.")
 
     @classmethod
@@ -37,6 +51,7 @@ class MemberPublic(BaseModel):
             email=row.email,
             name=row.name,
             role=Role(row.role),
+            approver=row.approver,
             created_at=row.created_at,
         )
 

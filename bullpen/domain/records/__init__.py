@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from datetime import datetime
 from functools import cache
 from typing import Any, Self, TypeAlias
@@ -28,9 +28,16 @@ def _names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls))  # once per record type, not once per row
 
 
+@functools.cache
+def _defaulted(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls) if f.default is not MISSING)
+
+
 def pick(cls: type, values: Mapping[Any, Any]) -> dict[str, Any]:
-    """The record's fields from `values` (a row's mapping may carry more columns)."""
-    return {name: values[name] for name in _names(cls)}
+    """The record's fields from `values` (a row's mapping may carry more columns; a field with
+    a default may be missing from it)."""
+    defaulted = _defaulted(cls)
+    return {name: values[name] for name in _names(cls) if name not in defaulted or name in values}
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +128,9 @@ class AgentRecord:
     created_at: datetime
     reports_to: UUID | None
     description: str
+    requires_approval: bool = False  # each new task waits for a decision before it is queued
+    approval_ttl_s: int | None = None  # an undecided approval expires after this (None: setting)
+    approval_default: str | None = None  # what expiry decides: approve or deny (None: deny)
 
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:

@@ -74,6 +74,7 @@ class MemberRecord:
     name: str
     role: Role
     created_at: datetime
+    approver: bool = False  # may decide approvals (owners and admins always may)
 
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:

@@ -22,6 +22,9 @@ PROMPT = "Analyze this dataset and extract key metrics"
 CONFIG = {"provider": "simulated", "model": "sim-1"}
 PUBLIC_FIELDS = {
     "id",
+    "requires_approval",
+    "approval_ttl_s",
+    "approval_default",
     "name",
     "description",
     "reports_to",

@@ -1,0 +1,95 @@
+"""`bullpen approvals …`: the real CLI against a real `bullpen up`, each command its own
+process over HTTP with the bootstrap API key."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from bullpen.cli.client import request
+from bullpen.settings import Settings
+from tests.support.processes import BullpenCli, bootstrap_key, bullpen_up, free_port, process_env
+
+
+@dataclass
+class Agents(BullpenCli):
+    """`bullpen agents …` against the module's server."""
+
+    prefix: tuple[str, ...] = ("agents",)
+
+
+@dataclass
+class Cli(BullpenCli):
+    """`bullpen approvals …` against the module's server."""
+
+    url: str = ""
+    prefix: tuple[str, ...] = ("approvals",)
+
+    def json(self, *args: str) -> Any:
+        """Run with --json, expect exit 0, return the parsed stdout."""
+        return json.loads(self.ok(*args, "--json"))
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        """Call the API directly (to set up and check, without the CLI)."""
+        status, reply = request(method, self.url, path, api_key=self.api_key, body=body)
+        assert status < 300, reply
+        return reply
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
+    """One `bullpen up` for the module, and its bootstrap API key in BULLPEN_API_KEY."""
+    settings = Settings(data_dir=tmp_path_factory.mktemp("data"), secret_key="t" * 40)
+    env = process_env(settings)
+    api_key = asyncio.run(bootstrap_key(settings))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with bullpen_up(env, port):
+        yield Cli(
+            {**env, "BULLPEN_URL": url, "BULLPEN_API_KEY": api_key, "COLUMNS": "250"},
+            api_key,
+            url=url,
+        )
+
+
+def test_approvals_are_listed_shown_approved_and_denied(cli: Cli) -> None:
+    agents = Agents(cli.env, cli.api_key)
+    made = agents("create", "gated", "--model", "sim-1", "--requires-approval", "--json")
+    assert made.returncode == 0, made.stderr
+    agent = json.loads(made.stdout)
+    assert agent["requires_approval"] is True
+    assert agents("set", "gated", "--no-approval").returncode == 0
+    assert cli.api("GET", f"/api/v1/agents/{agent['id']}")["requires_approval"] is False
+    assert agents("set", "gated", "--requires-approval").returncode == 0
+    tasks = [
+        cli.api(
+            "POST", "/api/v1/tasks", {"prompt": f"Analyze dataset {n}", "agent_id": agent["id"]}
+        )
+        for n in range(2)
+    ]
+    assert {t["status"] for t in tasks} == {"awaiting_approval"}
+    pending = cli.json("list", "--status", "pending")["items"]
+    by_task = {a["task_id"]: a["id"] for a in pending}
+    first, second = by_task[tasks[0]["id"]], by_task[tasks[1]["id"]]
+    table = cli.ok("list", "--status", "pending")
+    assert first in table and second in table and "task" in table
+    shown = cli.ok("show", first)
+    assert "pending" in shown and "expires" in shown and "with deny" in shown
+
+    denied = cli.json("deny", first, "--reason", "not now")
+    assert denied["status"] == "denied" and denied["reason"] == "not now"
+    assert cli.api("GET", f"/api/v1/tasks/{tasks[0]['id']}")["status"] == "cancelled"
+    approved = cli("approve", second)
+    assert approved.returncode == 0 and second in approved.stderr and "approved" in approved.stderr
+    assert cli.api("GET", f"/api/v1/tasks/{tasks[1]['id']}")["status"] != "awaiting_approval"
+
+    again = cli("approve", first)
+    assert again.returncode == 1 and again.stderr.startswith("error: the approval was decided")
+    assert cli("show", "00000000-0000-4000-8000-000000000000").returncode == 1
+    assert cli("list", "--status", "pending").stderr.strip() == "no approvals"
+    assert cli.api_key not in "".join(cli.outputs)
