@@ -16,6 +16,7 @@ from bullpen.agents.base import Adapter
 from bullpen.agents.configs import ConfigPolicy
 from bullpen.agents.http import HttpAdapter
 from bullpen.agents.llm import LlmAdapter
+from bullpen.domain.breakers import BreakerLimits
 from bullpen.domain.runs import RetryPolicy
 from bullpen.gateway.breaker import BreakerPolicy, Breakers
 from bullpen.gateway.catalog import Price, Provider, Timeouts
@@ -336,7 +337,7 @@ async def build(
                 admission=admission,
             ),
             agent_configs=agent_configs,
-            agents=AgentService(store, clock, agent_configs),
+            agents=AgentService(store, clock, agent_configs, breaker_limits(settings)),
             routines=RoutineService(store, clock, on_enqueued=_all(wakeups), admission=admission),
             workspaces=WorkspaceService(store, clock),
             users=UserService(
@@ -441,6 +442,16 @@ def worker_tuning(settings: Settings) -> WorkerTuning:
             base_s=settings.retry_backoff_s,
             max_s=settings.retry_backoff_max_s,
         ),
+        breakers=breaker_limits(settings),
+    )
+
+
+def breaker_limits(settings: Settings) -> BreakerLimits:
+    """Every agent's breaker limits unless it overrides them (a setting of 0 is no limit)."""
+    return BreakerLimits(
+        runs_per_hour=settings.breaker_runs_per_hour or None,
+        failures_in_a_row=settings.breaker_failures_in_a_row or None,
+        usd_per_hour=settings.breaker_usd_per_hour or None,
     )
 
 

@@ -22,8 +22,19 @@ from bullpen.store.base import Connection
 from bullpen.store.tables import agents, tasks
 
 UPDATABLE = frozenset(
-    {"name", "title", "description", "config", "status", "max_concurrent_runs", "reports_to"}
+    {
+        "name",
+        "title",
+        "description",
+        "config",
+        "status",
+        "max_concurrent_runs",
+        "reports_to",
+        "breakers",
+    }
 )
+# Columns the service sets with a change (a resume clears the breaker state), never a caller.
+_SET_WITH = frozenset({"paused_reason", "breaker_since", "failures_in_a_row"})
 # How far up the org chart a new manager is followed when checking for a cycle.
 CHAIN_MAX = 1000
 
@@ -42,6 +53,7 @@ async def create_agent(
     description: str = "",
     reports_to: UUID | None = None,
     agent_id: UUID | None = None,
+    breakers: dict[str, Any] | None = None,
 ) -> UUID:
     """Insert an agent and return its id; a taken name is Conflict."""
     agent_id = agent_id or uuid.uuid4()
@@ -58,6 +70,7 @@ async def create_agent(
                 max_concurrent_runs=max_concurrent_runs,
                 description=description,
                 reports_to=reports_to,
+                breakers=breakers,
                 created_at=now,
             )
         )
@@ -90,8 +103,8 @@ async def update_agent(
     conn: Connection, workspace_id: UUID, agent_id: UUID, changes: dict[str, Any]
 ) -> None:
     """Change an agent's updatable columns; a taken name is Conflict."""
-    if not changes.keys() <= UPDATABLE:
-        raise ValueError(f"not updatable: {sorted(changes.keys() - UPDATABLE)}")
+    if not changes.keys() <= UPDATABLE | _SET_WITH:
+        raise ValueError(f"not updatable: {sorted(changes.keys() - UPDATABLE - _SET_WITH)}")
     try:
         await conn.execute(
             agents.update()

@@ -121,6 +121,13 @@ agents = sa.Table(
     # checked by the service), and its standing instructions.
     sa.Column("reports_to", sa.Uuid, sa.ForeignKey("agents.id", ondelete="SET NULL")),
     sa.Column("description", sa.Text, nullable=False, server_default=""),
+    # Breakers (migration 0014): overrides of the instance's limits (a key left out uses the
+    # default, a null one is no limit), why a breaker paused the agent, where its windows
+    # start (the last resume) and its failed runs in a row.
+    sa.Column("breakers", JSONType),
+    sa.Column("paused_reason", sa.Text),
+    sa.Column("breaker_since", UTCDateTime),
+    sa.Column("failures_in_a_row", sa.Integer, nullable=False, server_default="0"),
     sa.UniqueConstraint("workspace_id", "name", name="uq_agents_workspace_name"),
     sa.CheckConstraint(
         "status IN ({})".format(", ".join(f"'{s.value}'" for s in AgentStatus)), name="status"
@@ -143,6 +150,9 @@ api_keys = sa.Table(
     sa.Column("last_used_at", UTCDateTime),
     sa.Column("revoked_at", UTCDateTime),
     _created(),
+    # Relay rate limits (migration 0014): requests and tokens per minute; null is no limit.
+    sa.Column("rpm_limit", sa.Integer),
+    sa.Column("tpm_limit", sa.Integer),
     sa.CheckConstraint("(user_id IS NOT NULL) OR (agent_id IS NOT NULL)", name="owner"),
 )
 
@@ -263,6 +273,8 @@ runs = sa.Table(
         "ix_runs_queue_head", "status", "workspace_id", sa.desc("priority"), "queued_at", "id"
     ),
     sa.Index("ix_runs_status_lease", "status", "lease_expires_at"),
+    # The run-rate breaker (migration 0014): an agent's runs started in the last hour.
+    sa.Index("ix_runs_agent_started", "agent_id", "started_at"),
     # Checkout (migration 0006): at most one queued or running run per task.
     sa.Index(
         "uq_runs_task_active",
@@ -399,6 +411,15 @@ cost_events = sa.Table(
     _created(),
     sa.Index("ix_cost_events_workspace_created", "workspace_id", "created_at"),
     sa.Index("ix_cost_events_created", "created_at"),  # retention (migration 0010)
+    # The spend breaker (migration 0014): an agent's priced calls in the last hour, covering.
+    sa.Index(
+        "ix_cost_events_agent_priced",
+        "agent_id",
+        "created_at",
+        "cost_usd",
+        sqlite_where=sa.text("cost_usd > 0"),
+        postgresql_where=sa.text("cost_usd > 0"),
+    ),
 )
 
 # Routines (migration 0007): a cron schedule in a time zone that creates a task for an agent.

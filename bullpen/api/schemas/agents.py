@@ -30,6 +30,7 @@ from bullpen.agents.process import ProcessAgentConfig
 from bullpen.api.schemas.common import Strict, integral, optional
 from bullpen.domain.access import Permission
 from bullpen.domain.agents import AgentStatus
+from bullpen.domain.breakers import BreakerLimits
 from bullpen.domain.principal import Principal
 from bullpen.domain.records import AgentRecord
 
@@ -37,6 +38,7 @@ SYSTEM_PROMPT_MAX = 20_000
 DESCRIPTION_MAX = 20_000
 MAX_TOKENS_MAX = 1_000_000
 RUNS_MIN, RUNS_MAX = 1, 1000
+RUNS_PER_HOUR_MAX, FAILURES_MAX, USD_PER_HOUR_MAX = 10_000_000, 100_000, 1_000_000.0
 
 # Printable, no control characters, no leading or trailing whitespace.
 _WORD = r"^[^\x00-\x20\x7f]([^\x00-\x1f\x7f]*[^\x00-\x20\x7f])?$"
@@ -133,6 +135,36 @@ def _config_for(value: Any, adapter: Adapter | None) -> BaseModel:
     return value if isinstance(value, kind) else kind.model_validate(value)
 
 
+class Breakers(Strict):
+    """An agent's breaker overrides: a limit left out keeps the instance's default
+    (`BULLPEN_BREAKER_*`), `null` is no limit for this agent. Crossing one pauses the agent."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"runs_per_hour": 200, "usd_per_hour": 5.0}]},
+    )
+
+    runs_per_hour: (
+        Annotated[int, Field(ge=1, le=RUNS_PER_HOUR_MAX, strict=True), BeforeValidator(integral)]
+        | None
+    ) = Field(default=None, description="Runs the agent may start within any hour.")
+    failures_in_a_row: (
+        Annotated[int, Field(ge=1, le=FAILURES_MAX, strict=True), BeforeValidator(integral)] | None
+    ) = Field(default=None, description="Runs that may fail in a row (a `done` run resets).")
+    usd_per_hour: Annotated[float, Field(gt=0, le=USD_PER_HOUR_MAX, allow_inf_nan=False)] | None = (
+        Field(default=None, description="USD the agent's LLM calls may cost within an hour.")
+    )
+
+
+class BreakerLimitsPublic(BaseModel):
+    """The breaker limits that apply to an agent (its overrides over the defaults); `null` is
+    no limit."""
+
+    runs_per_hour: int | None
+    failures_in_a_row: int | None
+    usd_per_hour: float | None
+
+
 class _AgentFields(Strict):
     """What every new agent has, whatever its adapter."""
 
@@ -149,6 +181,9 @@ class _AgentFields(Strict):
         default=None,
         description="The agent's manager in the org chart (an agent of the workspace); the "
         "manager may delegate subtasks to it.",
+    )
+    breakers: Breakers | None = Field(
+        default=None, description="Overrides of the instance's breaker limits; omit for none."
     )
 
 
@@ -258,6 +293,9 @@ class AgentUpdate(Strict):
     reports_to: UUID | None = Field(
         default=None, description="The new manager, or `null` for none (a root of the chart)."
     )
+    breakers: Breakers = optional(
+        "Replaces the agent's breaker overrides as a whole (`{}`: the defaults for all)."
+    )
 
 
 class AgentPublic(BaseModel):
@@ -277,10 +315,18 @@ class AgentPublic(BaseModel):
     description: str
     reports_to: UUID | None
     created_at: datetime
+    breakers: dict[str, Any] = Field(
+        description="The agent's breaker overrides as set (see `breaker_limits` for what applies)."
+    )
+    breaker_limits: BreakerLimitsPublic
+    paused_reason: str | None = Field(
+        description="Why a breaker paused the agent; `null` once resumed (or if a person "
+        "paused it)."
+    )
 
     @classmethod
-    def from_row(cls, row: AgentRecord, principal: Principal) -> AgentPublic:
-        """Build from an `agents` row, as `principal` may see it."""
+    def from_row(cls, row: AgentRecord, principal: Principal, limits: BreakerLimits) -> AgentPublic:
+        """Build from an `agents` row, as `principal` may see it, with its breaker limits."""
         return cls(
             id=row.id,
             name=row.name,
@@ -294,6 +340,9 @@ class AgentPublic(BaseModel):
             description=row.description,
             reports_to=row.reports_to,
             created_at=row.created_at,
+            breakers=row.breakers or {},
+            breaker_limits=BreakerLimitsPublic(**limits.as_dict()),
+            paused_reason=row.paused_reason,
         )
 
 

@@ -121,6 +121,10 @@ class AgentRecord:
     created_at: datetime
     reports_to: UUID | None
     description: str
+    breakers: dict[str, Any] | None  # overrides of the instance's limits (domain/breakers.py)
+    paused_reason: str | None  # why a breaker paused it (None: not paused by a breaker)
+    breaker_since: datetime | None  # breaker windows start no earlier (its last resume)
+    failures_in_a_row: int
 
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
