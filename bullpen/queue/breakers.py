@@ -1,11 +1,11 @@
 """The breaker checks a worker makes: when it starts runs, and when a run ends.
 
 Starts: in the claim's transaction, each agent that got runs counts its runs started in the
-last hour (from its last resume, if later) with an index range bounded by its limit; runs
-beyond the limit are given back to the queue at once and the agent is paused, so no more than
-`runs_per_hour` runs of an agent start in any hour. Ends: in the run's final transaction, a
-failed run counts one more failure in a row (a run that ends `done` clears them), and the
-agent's spend in the last hour is summed from the `cost_events` ledger (priced rows only).
+last hour (from its last resume, if later) with an index range bounded by its limit. Runs beyond
+the limit are unclaimed at once (queued again as if never claimed) and the agent is paused, so
+no more than `runs_per_hour` runs of an agent start within any hour. Ends: in the run's final
+transaction, a failed run counts one more failure in a row (a run that ends `done` clears them),
+and the agent's spend in the last hour is summed from the `cost_events` ledger (priced rows).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ async def check_starts(
         if over <= 0:
             continue
         back = group[-over:]
-        await run_store.release(conn, [Held(r.id, r.attempt) for r in back], now=now)
+        await run_store.unclaim(conn, [Held(r.id, r.attempt) for r in back], now=now)
         refused.update(r.id for r in back)
         await breaker_store.trip_breaker(
             conn,
