@@ -284,9 +284,7 @@ async def test_breaker_overrides_are_validated_and_defaults_come_from_settings(
         "failures_in_a_row": 4,
         "usd_per_hour": 2.5,
     }
-    (update,) = [
-        e for e in await audits(server, "agent.update") if str(e.target_id) == agent["id"]
-    ]
+    (update,) = [e for e in await audits(server, "agent.update") if str(e.target_id) == agent["id"]]
     assert update.data["after"]["breakers"] == {"runs_per_hour": None, "usd_per_hour": 2.5}
     cleared = await _patch(http, server, agent["id"], {"breakers": {}})
     assert cleared["breakers"] == {} and cleared["breaker_limits"]["runs_per_hour"] == 1000
