@@ -28,7 +28,13 @@ from bullpen.queue.wakeup import Listener, Notifier, asyncpg_dsn
 from bullpen.queue.worker import Worker, WorkerTuning
 from bullpen.security.outbound import OutboundAllow
 from bullpen.security.passwords import HashCost, PasswordPool
-from bullpen.security.ratelimit import CallerLimits, FailureWindow, Slots, TokenBuckets
+from bullpen.security.ratelimit import (
+    CallerLimits,
+    FailureWindow,
+    KeyWindows,
+    Slots,
+    TokenBuckets,
+)
 from bullpen.security.secrets import SecretBox, load_secret
 from bullpen.services.agents import AgentService
 from bullpen.services.api_keys import ApiKeyService
@@ -80,6 +86,7 @@ class Services:
     secret_box: SecretBox
     ledger: UsageLedger
     relay_slots: Slots
+    relay_rates: KeyWindows  # API keys' requests and tokens per minute, in this process
     provider_defaults: Timeouts
     # BULLPEN_OUTBOUND_ALLOW, parsed (issue 19, finding 2: provider URLs are checked too).
     outbound: OutboundAllow
@@ -323,6 +330,7 @@ async def build(
                 per_workspace=settings.relay_max_streams_per_workspace,
                 per_caller=settings.relay_max_streams_per_key,
             ),
+            relay_rates=KeyWindows(),
             provider_defaults=defaults,
             outbound=outbound,
             worker=worker,
