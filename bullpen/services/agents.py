@@ -207,10 +207,7 @@ class AgentService:
                 "agent",
                 agent_id,
                 now,
-                {
-                    "before": {"status": before.status, "paused_reason": before.paused_reason},
-                    "after": {"status": status, "paused_reason": columns.get("paused_reason")},
-                },
+                _status_change(before, status),
             )
             if status == AgentStatus.TERMINATED:
                 await self._revoke_keys(conn, principal, agent_id, now)
@@ -293,6 +290,15 @@ class AgentService:
         if agent is None:
             raise NotFound("no such agent")
         return agent
+
+
+def _status_change(before: AgentRecord, status: str) -> dict[str, Any]:
+    """A status change as audited; a resume that clears a breaker's reason shows it."""
+    data: dict[str, Any] = {"before": {"status": before.status}, "after": {"status": status}}
+    if before.paused_reason is not None and status == AgentStatus.ACTIVE:
+        data["before"]["paused_reason"] = before.paused_reason
+        data["after"]["paused_reason"] = None
+    return data
 
 
 def _breakers(value: dict[str, Any] | None) -> dict[str, Any] | None:
