@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from bullpen.domain.agents import AgentStatus
 from bullpen.store import audit
-from bullpen.store.base import Connection
+from bullpen.store.base import UNWATCHED, Connection
 from bullpen.store.tables import agents, cost_events, runs
 
 _STARTS = sa.select(sa.func.count()).select_from(
@@ -39,17 +39,21 @@ _SPENT = sa.select(sa.func.coalesce(sa.func.sum(cost_events.c.cost_usd), 0.0)).w
     cost_events.c.created_at >= sa.func.coalesce(_RESUMED, sa.bindparam("since")),
     cost_events.c.cost_usd > 0,
 )
+# The counter is no part of what caches of agent rows hold (the API key cache reads agents):
+# unwatched, so run ends do not empty them (see `UNWATCHED`).
 _FAILED = (
     agents.update()
     .where(agents.c.id == sa.bindparam("agent_id"))
     .values(failures_in_a_row=agents.c.failures_in_a_row + 1)
     .returning(agents.c.failures_in_a_row)
+    .execution_options(**{UNWATCHED: True})
 )
 # A success on an agent without failures matches no row, so it writes (and locks) nothing.
 _SUCCEEDED = (
     agents.update()
     .where(agents.c.id == sa.bindparam("agent_id"), agents.c.failures_in_a_row != 0)
     .values(failures_in_a_row=0)
+    .execution_options(**{UNWATCHED: True})
 )
 
 

@@ -304,3 +304,34 @@ async def test_breaker_overrides_are_validated_and_defaults_come_from_settings(
         f"{server.base_url}/api/v1/agents", json=body, headers=server.auth
     ) as resp:
         await problem_of(resp, 422)
+
+
+async def test_run_ends_keep_the_api_key_cached(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    """A run's end writes its agent's failures in a row (the agents table is one of an API
+    key's sources): that must not empty the key cache, or every request reads its key again."""
+    flaky = await make_agent(http, server, "flaky", model="no-such-model")
+    task = await create_task(http, server, flaky, "This one fails first")
+    assert (await until_ended(http, server, task["id"]))["status"] == "failed"
+    await _patch(http, server, flaky["id"], {"config": {"provider": "simulated", "model": "sim-1"}})
+    lookups: list[str] = []
+    engine = server.services.store.engine
+    sync_engine = engine if isinstance(engine, sa.Engine) else engine.sync_engine
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "FROM api_keys" in statement:
+            lookups.append(statement)
+
+    sa.event.listen(sync_engine, "before_cursor_execute", seen)
+    try:
+        for i in range(3):  # the first resets the failures in a row, the others find none
+            task = await create_task(http, server, flaky, f"This one succeeds, {i}")
+            assert (await until_ended(http, server, task["id"]))["status"] == "done"
+            for _ in range(3):
+                await _agent(http, server, flaky["id"])
+    finally:
+        sa.event.remove(sync_engine, "before_cursor_execute", seen)
+    # The first request reads the key and records its use (read again by the next one); the
+    # reset of the failures empties nothing.
+    assert len(lookups) <= 2, lookups
