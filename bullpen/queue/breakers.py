@@ -58,8 +58,8 @@ async def check_starts(
             breaker="runs_per_hour",
             limit=limit,
             observed=started,
-            reason=f"runs_per_hour: a run would be the agent's {limit + 1}th started within "
-            f"an hour (limit {limit})",
+            reason=f"runs_per_hour: {limit} runs started within the last hour and more were "
+            f"due to start (limit {limit})",
             now=now,
         )
     return [run for run in claimed if run.id not in refused] if refused else claimed
