@@ -170,10 +170,7 @@ class AgentService:
                 "agent",
                 agent_id,
                 now,
-                {
-                    "before": {k: _shown(before.adapter, k, getattr(before, k)) for k in changed},
-                    "after": {k: _shown(before.adapter, k, v) for k, v in changed.items()},
-                },
+                _changes(before, changed),
             )
             return await self._agent(conn, principal, agent_id)
 
@@ -290,6 +287,19 @@ class AgentService:
         if agent is None:
             raise NotFound("no such agent")
         return agent
+
+
+def _changes(before: AgentRecord, changed: dict[str, Any]) -> dict[str, Any]:
+    """An update as audited: each changed field before and after (a resume that clears a
+    breaker's reason shows that too)."""
+    data: dict[str, Any] = {
+        "before": {k: _shown(before.adapter, k, getattr(before, k)) for k in changed},
+        "after": {k: _shown(before.adapter, k, v) for k, v in changed.items()},
+    }
+    if before.paused_reason is not None and changed.get("status") == AgentStatus.ACTIVE:
+        data["before"]["paused_reason"] = before.paused_reason
+        data["after"]["paused_reason"] = None
+    return data
 
 
 def _status_change(before: AgentRecord, status: str) -> dict[str, Any]:

@@ -137,7 +137,11 @@ async def test_runs_per_hour_lets_the_limit_start_and_the_rest_wait_for_a_resume
     assert statuses.count("queued") == 2 and len(statuses) == 5, statuses
     assert statuses.count("done") + statuses.count("running") == 3
 
-    await _patch(http, server, agent["id"], {"status": "active"})  # PATCH resumes as well
+    resumed = await _patch(http, server, agent["id"], {"status": "active"})  # PATCH resumes too
+    assert resumed["paused_reason"] is None
+    (update,) = [e for e in await audits(server, "agent.update") if e.data["after"].get("status")]
+    assert update.data["before"] == {"status": "paused", "paused_reason": paused["paused_reason"]}
+    assert update.data["after"] == {"status": "active", "paused_reason": None}
     for task in created:
         assert (await until_ended(http, server, task["id"]))["status"] == "done"
     assert (await _agent(http, server, agent["id"]))["status"] == "active"
