@@ -16,6 +16,7 @@ from bullpen.agents.base import Adapter
 from bullpen.agents.configs import ConfigPolicy
 from bullpen.agents.http import HttpAdapter
 from bullpen.agents.llm import LlmAdapter
+from bullpen.domain.breakers import BreakerLimits
 from bullpen.domain.runs import RetryPolicy
 from bullpen.gateway.breaker import BreakerPolicy, Breakers
 from bullpen.gateway.catalog import Price, Provider, Timeouts
@@ -27,7 +28,13 @@ from bullpen.queue.wakeup import Listener, Notifier, asyncpg_dsn
 from bullpen.queue.worker import Worker, WorkerTuning
 from bullpen.security.outbound import OutboundAllow
 from bullpen.security.passwords import HashCost, PasswordPool
-from bullpen.security.ratelimit import CallerLimits, FailureWindow, Slots, TokenBuckets
+from bullpen.security.ratelimit import (
+    CallerLimits,
+    FailureWindow,
+    KeyWindows,
+    Slots,
+    TokenBuckets,
+)
 from bullpen.security.secrets import SecretBox, load_secret
 from bullpen.services.agents import AgentService
 from bullpen.services.api_keys import ApiKeyService
@@ -82,6 +89,7 @@ class Services:
     secret_box: SecretBox
     ledger: UsageLedger
     relay_slots: Slots
+    relay_rates: KeyWindows  # API keys' requests and tokens per minute, in this process
     provider_defaults: Timeouts
     # BULLPEN_OUTBOUND_ALLOW, parsed (issue 19, finding 2: provider URLs are checked too).
     outbound: OutboundAllow
@@ -324,6 +332,7 @@ async def build(
                 per_workspace=settings.relay_max_streams_per_workspace,
                 per_caller=settings.relay_max_streams_per_key,
             ),
+            relay_rates=KeyWindows(),
             provider_defaults=defaults,
             outbound=outbound,
             worker=worker,
@@ -339,7 +348,7 @@ async def build(
             ),
             approvals=approvals,
             agent_configs=agent_configs,
-            agents=AgentService(store, clock, agent_configs),
+            agents=AgentService(store, clock, agent_configs, breaker_limits(settings)),
             routines=RoutineService(store, clock, on_enqueued=_all(wakeups), admission=admission),
             workspaces=WorkspaceService(store, clock),
             users=UserService(
@@ -446,6 +455,16 @@ def worker_tuning(settings: Settings) -> WorkerTuning:
             base_s=settings.retry_backoff_s,
             max_s=settings.retry_backoff_max_s,
         ),
+        breakers=breaker_limits(settings),
+    )
+
+
+def breaker_limits(settings: Settings) -> BreakerLimits:
+    """Every agent's breaker limits unless it overrides them (a setting of 0 is no limit)."""
+    return BreakerLimits(
+        runs_per_hour=settings.breaker_runs_per_hour or None,
+        failures_in_a_row=settings.breaker_failures_in_a_row or None,
+        usd_per_hour=settings.breaker_usd_per_hour or None,
     )
 
 

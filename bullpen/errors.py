@@ -13,6 +13,7 @@ BullpenError
 ├── PayloadTooLarge       413
 ├── UnsupportedMediaType  415
 ├── RateLimited           429  slow down (always with retry_after)
+│   └── KeyRateLimited           a relay key over its requests or tokens per minute
 ├── Unavailable           503  a dependency (database) is away
 └── ProviderError         502  an LLM provider call failed
     ├── ProviderUnavailable      503  every provider of the route failed or was skipped
@@ -155,6 +156,18 @@ class RateLimited(BullpenError):
     status = 429
     slug = "rate-limited"
     title = "Too many requests"
+
+
+class KeyRateLimited(RateLimited):
+    """A relay call over its API key's requests (`kind` "requests") or tokens ("tokens") per
+    minute; relay callers see OpenAI's `rate_limit_exceeded`."""
+
+    slug = "key-rate-limited"
+    openai_code: ClassVar[str] = "rate_limit_exceeded"
+
+    def __init__(self, detail: str, *, kind: str, retry_after: float) -> None:
+        super().__init__(detail, retry_after=retry_after)
+        self.kind = kind
 
 
 class Unavailable(BullpenError):

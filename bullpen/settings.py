@@ -110,6 +110,12 @@ class Settings(BaseSettings):
     # text kills its own process (SIGKILL), as a poison run would. Unset: no effect.
     fault_crash_marker: str | None = Field(default=None, min_length=8)
 
+    # Breakers for runaway agents (docs/agents.md): every agent's defaults, 0 for no limit;
+    # an agent's `breakers` override them. Crossing one pauses the agent.
+    breaker_runs_per_hour: int = Field(default=1000, ge=0)
+    breaker_failures_in_a_row: int = Field(default=10, ge=0)
+    breaker_usd_per_hour: float = Field(default=20.0, ge=0)
+
     # Event log and streams.
     coalesce_ms: float = Field(default=10.0, ge=0)
     # How committed events reach live streams in other processes: `auto` is redis when

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 
 from bullpen.api.deps import audit_denial
-from bullpen.errors import BullpenError
+from bullpen.errors import BullpenError, KeyRateLimited
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,10 @@ def problem(
     instance: str | None = None,
     errors: list[dict[str, Any]] | None = None,
     headers: dict[str, str] | None = None,
+    openai: tuple[str, str] | None = None,
 ) -> Response:
-    """A problem+json response."""
+    """A problem+json response (on the relay with OpenAI's `error` member too: its `type` and
+    `code` are the slug unless `openai` gives them)."""
     body: dict[str, Any] = {
         "type": PROBLEM_BASE + slug,
         "title": title,
@@ -61,7 +63,8 @@ def problem(
         body["errors"] = errors
     if instance is not None and instance.startswith(RELAY_PREFIX):
         # OpenAI clients read `error.message`; the problem members stay the contract.
-        body["error"] = {"message": detail, "type": slug, "code": slug, "param": None}
+        kind, code = openai or (slug, slug)
+        body["error"] = {"message": detail, "type": kind, "code": code, "param": None}
     return Response(orjson.dumps(body), status_code=status, media_type=MEDIA_TYPE, headers=headers)
 
 
@@ -82,6 +85,7 @@ def from_error(exc: BullpenError, instance: str) -> Response:
         instance=instance,
         errors=exc.errors,
         headers=headers or None,
+        openai=(exc.kind, exc.openai_code) if isinstance(exc, KeyRateLimited) else None,
     )
 
 

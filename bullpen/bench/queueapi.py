@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bullpen.bench.spawn import SpawnError, agent_run_cap
+from bullpen.bench.spawn import NO_RUN_RATE_BREAKER, SpawnError, agent_run_cap
 
 PAGE = 100  # the API's largest page
 _HIDDEN_CSRF = re.compile(r'<input type="hidden" name="csrf" value="([^"]*)"')
@@ -137,6 +137,7 @@ class QueueClient:
             "adapter": "llm",
             "config": {"provider": "simulated", "model": "sim-1"},
             "max_concurrent_runs": cap,
+            **NO_RUN_RATE_BREAKER,
         }
         return str((await self._call("POST", "/api/v1/agents", body, want=201))["id"])
 

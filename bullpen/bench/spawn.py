@@ -632,6 +632,12 @@ class _Resources:
             await asyncio.to_thread(shutil.rmtree, self.data_dir, ignore_errors=True)
 
 
+# What a bench agent is created with besides its config: benches start its runs on the simulator
+# far faster than any agent's default run-rate breaker allows (docs/agents.md), as the demo
+# agent `bullpen up` creates has no such breaker either.
+NO_RUN_RATE_BREAKER: dict[str, object] = {"breakers": {"runs_per_hour": None}}
+
+
 async def raise_run_cap(http: aiohttp.ClientSession, server: SpawnedServer, cap: int) -> None:
     """Let the bench's agent run `cap` runs at once (an agent runs at most 10 by default, and
     a scenario measures the server, not that cap)."""

@@ -31,6 +31,7 @@ from bullpen.bench.createload import _read_cpu_s
 from bullpen.bench.loadgen import SSEParser
 from bullpen.bench.report import percentile
 from bullpen.bench.spawn import (
+    NO_RUN_RATE_BREAKER,
     SpawnedServer,
     SpawnError,
     agent_run_cap,
@@ -221,7 +222,7 @@ async def _agents(http: aiohttp.ClientSession, server: SpawnedServer, runs: int)
     await raise_run_cap(http, server, max_agent_runs)
     ids = [server.agent_id]
     for i in range(1, -(-runs // max_agent_runs)):
-        body = {"name": f"streams-bench-{i}", "config": config, **cap}
+        body = {"name": f"streams-bench-{i}", "config": config, **cap, **NO_RUN_RATE_BREAKER}
         async with http.post(url, data=orjson.dumps(body), headers=headers) as resp:
             if resp.status != 201:
                 raise SpawnError(f"could not create a bench agent: {await resp.text()}")

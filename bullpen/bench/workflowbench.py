@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 
 from bullpen.bench.report import percentile
-from bullpen.bench.spawn import Backend, spawn_server
+from bullpen.bench.spawn import NO_RUN_RATE_BREAKER, Backend, spawn_server
 
 TEAM_SCRIPTS: dict[str, list[dict[str, Any]] | None] = {
     "lead": [
@@ -136,6 +136,7 @@ async def _make_team(api: _Api) -> str:
             "config": {"provider": "simulated", "model": "sim-1", "system_prompt": prompt},
             "max_concurrent_runs": 1000,
             "reports_to": ids.get(MANAGERS.get(name, "")),
+            **NO_RUN_RATE_BREAKER,
         }
         ids[name] = (await api.call("POST", "/api/v1/agents", body))["id"]
     return ids["lead"]

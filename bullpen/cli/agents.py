@@ -181,6 +181,8 @@ def agents_show(
         ("reports to", Text(names.get(found["reports_to"], "-") if found["reports_to"] else "-")),
         ("reports", Text(", ".join(reports) or "-")),
         ("max runs", Text(str(found["max_concurrent_runs"]))),
+        ("paused by", Text(found.get("paused_reason") or "-")),
+        ("breakers", Text(_limits(found.get("breaker_limits") or {}))),
         ("created", Text(found["created_at"])),
         ("description", Text(found["description"] or "-")),
         ("config", Text(json.dumps(found["config"], indent=2, ensure_ascii=False))),
@@ -189,6 +191,20 @@ def agents_show(
     for key, value in rows:
         grid.add_row(Text(key, style="bold"), value)
     print_table(grid)
+
+
+def _limits(limits: dict[str, Any]) -> str:
+    """An agent's breaker limits in one line (`none` where there is no limit)."""
+    shown = {
+        "runs_per_hour": "runs/h",
+        "failures_in_a_row": "failures in a row",
+        "usd_per_hour": "USD/h",
+    }
+    return ", ".join(
+        f"{label} {'none' if limits.get(key) is None else limits[key]}"
+        for key, label in shown.items()
+        if key in limits
+    )
 
 
 def _secret(env_var: str | None, from_stdin: bool) -> str | None:
@@ -214,12 +230,17 @@ def _secret_env(specs: list[str]) -> dict[str, str]:
 
 def _config_object(text: str) -> dict[str, Any]:
     """--config-json as a JSON object."""
+    return _json_object(text, "--config-json")
+
+
+def _json_object(text: str, flag: str) -> dict[str, Any]:
+    """An option's value as a JSON object."""
     try:
         value = json.loads(text)
     except ValueError as err:
-        raise typer.BadParameter(f"not JSON: {err}", param_hint="--config-json") from None
+        raise typer.BadParameter(f"not JSON: {err}", param_hint=flag) from None
     if not isinstance(value, dict):
-        raise typer.BadParameter("must be a JSON object", param_hint="--config-json")
+        raise typer.BadParameter("must be a JSON object", param_hint=flag)
     return value
 
 
@@ -353,6 +374,15 @@ def agents_set(
     ] = False,
     max_runs: MaxRuns = None,
     requires_approval: RequiresApproval = None,
+    breakers_json: Annotated[
+        str | None,
+        typer.Option(
+            "--breakers-json",
+            help='Breaker overrides as a JSON object, e.g. \'{"runs_per_hour": 200, '
+            '"usd_per_hour": null}\' (null: no limit; a limit left out: the default; '
+            "{}: every default).",
+        ),
+    ] = None,
     url: ServerUrl = DEFAULT_URL,
     *,
     api_key: ServerKey,
@@ -372,6 +402,8 @@ def agents_set(
         body["requires_approval"] = requires_approval
     if no_manager:
         body["reports_to"] = None
+    if breakers_json is not None:
+        body["breakers"] = _json_object(breakers_json, "--breakers-json")
     if not body and reports_to is None:
         raise typer.BadParameter("nothing to change; give at least one option")
     agents = _agents(url, api_key)

@@ -37,6 +37,9 @@ class Principal:
     permissions: frozenset[Permission] = field(default_factory=frozenset)
     agent_id: UUID | None = None
     is_instance_admin: bool = False
+    # The relay limits of the API key it called with (None: no limit, or not a key).
+    rpm_limit: int | None = None
+    tpm_limit: int | None = None
 
     @property
     def actor_type(self) -> str:

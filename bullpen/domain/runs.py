@@ -34,6 +34,8 @@ class ClaimedRun:
     dependents: int = 0  # tasks blocked by this one, ever (0: no one waits for its end)
     steps: int = 0  # tool steps an `llm` agent completed on the task (0: nothing to resume)
     has_reports: bool = False  # someone reports to the agent: it may delegate
+    agent_breakers: dict[str, Any] | None = None  # the agent's breaker overrides
+    breaker_since: datetime | None = None  # its breaker windows start no earlier
 
 
 @dataclass(frozen=True, slots=True)

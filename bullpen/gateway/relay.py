@@ -27,7 +27,7 @@ import orjson
 from bullpen.domain.principal import Principal
 from bullpen.errors import BullpenError, ProviderIncomplete
 from bullpen.gateway.chunks import ToolCalls
-from bullpen.gateway.router import Call, CatalogSource, Router
+from bullpen.gateway.router import Call, CatalogSource, Router, estimate_prompt_tokens
 
 DONE = b"data: [DONE]\n\n"
 
@@ -54,11 +54,35 @@ class StreamSlots(Protocol):
         ...
 
 
+class KeyRates(Protocol):
+    """Counts API keys' requests and tokens per minute (`bullpen.security.ratelimit.KeyWindows`)."""
+
+    def admit(self, key: str, *, rpm: int | None, tpm: int | None, estimate: int) -> Any:
+        """Count one call of `key` (its prompt estimate in flight), or raise when over a limit;
+        returns what `settle` needs."""
+        ...
+
+    def settle(self, ticket: Any, tokens: int) -> None:
+        """The call ended having used `tokens` (input + output)."""
+        ...
+
+
 class Settle:
     """Ends a relay call exactly once: closes the upstream stream if still open, records the
-    usage against the caller, and gives back the stream slot."""
+    usage against the caller, counts its tokens against its key's TPM and gives back the
+    stream slot."""
 
-    __slots__ = ("_call", "_chunks", "_clock", "_done", "_ledger", "_principal", "_slots")
+    __slots__ = (
+        "_call",
+        "_chunks",
+        "_clock",
+        "_done",
+        "_ledger",
+        "_principal",
+        "_rates",
+        "_slots",
+        "_ticket",
+    )
 
     def __init__(
         self,
@@ -69,6 +93,8 @@ class Settle:
         ledger: Ledger,
         slots: StreamSlots,
         clock: Callable[[], datetime],
+        rates: KeyRates | None = None,
+        ticket: Any = None,
     ) -> None:
         self._call = call
         self._chunks = chunks
@@ -76,6 +102,8 @@ class Settle:
         self._ledger = ledger
         self._slots = slots
         self._clock = clock
+        self._rates = rates
+        self._ticket = ticket
         self._done = False
 
     @property
@@ -95,6 +123,10 @@ class Settle:
         row = usage_row(self._principal, self._call, self._clock)
         if row is not None:
             self._ledger.record(row)
+        if self._rates is not None and self._ticket is not None:
+            call = self._call
+            used = call.input_tokens + call.output_tokens if call.served_by is not None else 0
+            self._rates.settle(self._ticket, used)
         self._slots.give_back(str(self._principal.workspace_id), self._principal.scope_id)
 
 
@@ -108,16 +140,44 @@ async def open_call(
     ledger: Ledger,
     slots: StreamSlots,
     clock: Callable[[], datetime],
+    rates: KeyRates | None = None,
 ) -> tuple[Call, Chunks, Settle]:
     """Start one relayed call: the call's record, its chunks (not read yet) and its settling.
 
-    An unknown model or a caller out of slots raises here, before anything needs settling."""
+    An unknown model, a caller out of slots or a key over its requests or tokens per minute
+    raises here, before anything needs settling."""
     catalog = await catalogs.catalog(principal.workspace_id)
     chain = catalog.resolve(model)
-    slots.take(str(principal.workspace_id), principal.scope_id)
+    workspace, caller = str(principal.workspace_id), principal.scope_id
+    slots.take(workspace, caller)
+    ticket = None
+    if rates is not None and (principal.rpm_limit is not None or principal.tpm_limit is not None):
+        estimate = 0
+        if principal.tpm_limit is not None:
+            estimate = estimate_prompt_tokens(body.get("messages") or ())
+        try:
+            ticket = rates.admit(
+                caller, rpm=principal.rpm_limit, tpm=principal.tpm_limit, estimate=estimate
+            )
+        except BaseException:
+            slots.give_back(workspace, caller)
+            raise
     call = Call()
     chunks = router.stream(chain, body, call)
-    return call, chunks, Settle(call, chunks, principal, ledger=ledger, slots=slots, clock=clock)
+    return (
+        call,
+        chunks,
+        Settle(
+            call,
+            chunks,
+            principal,
+            ledger=ledger,
+            slots=slots,
+            clock=clock,
+            rates=rates,
+            ticket=ticket,
+        ),
+    )
 
 
 _closing: set[asyncio.Task[None]] = set()

@@ -24,10 +24,12 @@ from enum import Enum
 from uuid import UUID
 
 from bullpen.agents.base import Adapter, Related, RunContext, TaskBrief, TeamPort
+from bullpen.domain.breakers import BreakerLimits
 from bullpen.domain.events import EventKind, RunEvent
 from bullpen.domain.runs import ClaimedRun, Held, Redelivery, RetryPolicy, RunOutcome
 from bullpen.domain.status import RunStatus
 from bullpen.errors import BullpenError
+from bullpen.queue import breakers
 from bullpen.store import budgets as budget_store
 from bullpen.store import claims as claim_store
 from bullpen.store import events as event_store
@@ -62,6 +64,7 @@ class WorkerTuning:
     reserved_slots: int = 1
     crash_marker: str | None = None  # fault injection: see Settings.fault_crash_marker
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    breakers: BreakerLimits = field(default_factory=BreakerLimits)  # the instance's defaults
 
 
 class Worker:
@@ -198,16 +201,20 @@ class Worker:
                 self._held_back = False
                 return []
         async with self._store.write() as conn:
+            now = self._clock()
             took = await claim_store.claim(
                 conn,
                 owner=self.owner,
                 limit=limit,
-                now=self._clock(),
+                now=now,
                 lease=self._tuning.lease,
                 room=self._room,
             )
+            started = took.runs
+            if started:  # runs beyond an agent's runs-per-hour go back, and it is paused
+                started = await breakers.check_starts(conn, started, self._tuning.breakers, now)
         self._held_back = took.held_back
-        return took.runs
+        return started
 
     def _room(self, workspace_id: UUID) -> int:
         """How many more runs of this workspace this worker takes now."""
@@ -358,6 +365,8 @@ class Worker:
             )
             if woken:  # what waited for this task was queued again: claim it now
                 self._store.after_commit(self._wake.set)
+            if finished:  # after the run's ledger rows, in the same transaction
+                await breakers.after_run(conn, run, outcome, self._tuning.breakers, now)
             return finished
 
         try:

@@ -1,4 +1,5 @@
-"""In-process rate limits: token buckets per key (GCRA) and a failed-sign-in counter.
+"""In-process rate limits: token buckets per key (GCRA), a failed-sign-in counter, and relay
+keys' requests and tokens per minute (sliding windows).
 
 Limits are per process (documented): with several API processes, each enforces its own share.
 State is bounded: buckets that have refilled completely carry no information and are dropped.
@@ -6,11 +7,12 @@ State is bounded: buckets that have refilled completely carry no information and
 
 from __future__ import annotations
 
+import math
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
-from bullpen.errors import RateLimited, Unavailable
+from bullpen.errors import KeyRateLimited, RateLimited, Unavailable
 
 _MAX_KEYS = 100_000
 
@@ -179,3 +181,124 @@ def _drop(counts: dict[str, int], key: str) -> None:
         counts[key] = left
     else:
         del counts[key]
+
+
+class _KeyWindow:
+    """One key's last minute: its calls' start times, its ended calls' tokens, and the prompt
+    estimates of its calls still in flight."""
+
+    __slots__ = ("inflight", "requests", "tokens", "tokens_sum", "touched")
+
+    def __init__(self) -> None:
+        self.requests: deque[float] = deque()
+        self.tokens: deque[tuple[float, int]] = deque()
+        self.tokens_sum = 0
+        self.inflight = 0
+        self.touched = 0.0
+
+    def prune(self, since: float) -> None:
+        while self.requests and self.requests[0] <= since:
+            self.requests.popleft()
+        while self.tokens and self.tokens[0][0] <= since:
+            self.tokens_sum -= self.tokens.popleft()[1]
+
+    def empty(self) -> bool:
+        return not self.requests and not self.tokens and self.inflight == 0
+
+
+class KeyTicket:
+    """What `KeyWindows.admit` counted for one call; given back to `KeyWindows.settle`."""
+
+    __slots__ = ("estimate", "key", "tpm")
+
+    def __init__(self, key: str, estimate: int, tpm: bool) -> None:
+        self.key = key
+        self.estimate = estimate
+        self.tpm = tpm
+
+
+class KeyWindows:
+    """Relay keys' requests per minute and tokens per minute, over a sliding minute.
+
+    Exact within this process (the check and the count happen with no await between them);
+    each API process keeps its own windows. A request counts when it is admitted; its tokens
+    count as its prompt estimate while it is in flight, then as the input plus output tokens
+    its usage reports, at the moment it ends. A call is refused when the minute already holds
+    `rpm` requests, or when its prompt estimate would take the minute's tokens past `tpm`
+    (unless the minute holds none: one call larger than the limit may still go alone).
+    """
+
+    def __init__(self, *, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        self._window = window_s
+        self._clock = clock
+        self._keys: OrderedDict[str, _KeyWindow] = OrderedDict()  # least recently used first
+
+    def admit(
+        self, key: str, *, rpm: int | None, tpm: int | None, estimate: int
+    ) -> KeyTicket | None:
+        """Count a call of `key`, or raise KeyRateLimited with the wait; None if no limit."""
+        if rpm is None and tpm is None:
+            return None
+        now = self._clock()
+        since = now - self._window
+        self._forget(since)
+        window = self._keys.get(key)
+        if window is None:
+            window = self._keys[key] = _KeyWindow()
+        else:
+            self._keys.move_to_end(key)
+            window.prune(since)
+        window.touched = now
+        if rpm is not None and len(window.requests) >= rpm:
+            wait = window.requests[-rpm] + self._window - now
+            raise KeyRateLimited(
+                f"this API key's limit of {rpm} requests per minute is reached; "
+                f"retry in {math.ceil(wait)} s",
+                kind="requests",
+                retry_after=float(max(1, math.ceil(wait))),
+            )
+        if tpm is not None:
+            used = window.tokens_sum + window.inflight
+            if used and used + estimate > tpm:
+                wait = self._tokens_free_in(window, tpm - estimate, now)
+                raise KeyRateLimited(
+                    f"this API key's limit of {tpm} tokens per minute is reached ({used} used "
+                    f"in the last minute, about {estimate} asked); retry in {math.ceil(wait)} s",
+                    kind="tokens",
+                    retry_after=float(max(1, math.ceil(wait))),
+                )
+            window.inflight += estimate
+        if rpm is not None:
+            window.requests.append(now)
+        return KeyTicket(key, estimate if tpm is not None else 0, tpm is not None)
+
+    def settle(self, ticket: KeyTicket | None, tokens: int) -> None:
+        """The call ended having used `tokens` (input + output): they count from now."""
+        if ticket is None:
+            return
+        window = self._keys.get(ticket.key)
+        if window is None:
+            return
+        window.inflight -= ticket.estimate
+        if ticket.tpm and tokens > 0:
+            now = self._clock()
+            window.tokens.append((now, tokens))
+            window.tokens_sum += tokens
+            window.touched = now
+
+    def _tokens_free_in(self, window: _KeyWindow, room: int, now: float) -> float:
+        """Seconds until the minute's tokens fit in `room` (1 if only calls in flight hold it)."""
+        used = window.tokens_sum + window.inflight
+        for ended, tokens in window.tokens:
+            used -= tokens
+            if used <= room or used == 0:
+                return ended + self._window - now
+        return 1.0
+
+    def _forget(self, since: float) -> None:
+        """Drop keys whose last minute is over (least recently used first)."""
+        while self._keys:
+            key, window = next(iter(self._keys.items()))
+            if len(self._keys) <= _MAX_KEYS and (window.touched > since or window.inflight):
+                return
+            del self._keys[key]

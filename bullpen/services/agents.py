@@ -20,12 +20,15 @@ from pydantic import BaseModel
 from bullpen.agents.configs import ConfigPolicy, public_config
 from bullpen.domain.access import Permission, need
 from bullpen.domain.agents import AgentStatus
+from bullpen.domain.breakers import KEYS as BREAKER_KEYS
+from bullpen.domain.breakers import BreakerLimits
 from bullpen.domain.principal import Principal
 from bullpen.domain.records import AgentRecord
 from bullpen.errors import AgentTerminated, Conflict, InvalidInput, NotFound
 from bullpen.store import agents as agent_store
 from bullpen.store import api_keys as key_store
 from bullpen.store import audit
+from bullpen.store import breakers as breaker_store
 from bullpen.store.base import Connection, Store
 
 ADAPTERS = frozenset({"llm", "http", "process"})
@@ -42,10 +45,21 @@ def _check(adapter: str | None = None, status: str | None = None) -> None:
 class AgentService:
     """Creates, changes and reads the agents of the caller's workspace."""
 
-    def __init__(self, store: Store, clock: Callable[[], datetime], configs: ConfigPolicy) -> None:
+    def __init__(
+        self,
+        store: Store,
+        clock: Callable[[], datetime],
+        configs: ConfigPolicy,
+        breakers: BreakerLimits | None = None,
+    ) -> None:
         self._store = store
         self._clock = clock
         self._configs = configs
+        self.breaker_defaults = breakers or BreakerLimits()
+
+    def limits(self, agent: AgentRecord) -> BreakerLimits:
+        """The breaker limits that apply to an agent: the defaults with its overrides."""
+        return self.breaker_defaults.with_overrides(agent.breakers)
 
     async def list(self, principal: Principal) -> Sequence[AgentRecord]:
         """The workspace's agents by name."""
@@ -74,10 +88,12 @@ class AgentService:
         requires_approval: bool = False,
         approval_ttl_s: int | None = None,
         approval_default: str | None = None,
+        breakers: dict[str, Any] | None = None,
     ) -> AgentRecord:
         """Create an agent; a name already used in the workspace is Conflict."""
         need(principal, Permission.AGENTS_WRITE)
         _check(adapter, status)
+        breakers = _breakers(breakers)
         now = self._clock()
         agent_id = uuid.uuid4()
         stored = self._configs.stored(adapter, config, agent_id)
@@ -99,6 +115,7 @@ class AgentService:
                 requires_approval=requires_approval,
                 approval_ttl_s=approval_ttl_s,
                 approval_default=approval_default,
+                breakers=breakers,
             )
             await audit.record_by(
                 conn,
@@ -119,6 +136,7 @@ class AgentService:
                     "requires_approval": requires_approval,
                     "approval_ttl_s": approval_ttl_s,
                     "approval_default": approval_default,
+                    "breakers": breakers,
                 },
             )
             return await self._agent(conn, principal, agent_id)
@@ -131,6 +149,8 @@ class AgentService:
         if not changes.keys() <= agent_store.UPDATABLE:
             raise InvalidInput(f"only {sorted(agent_store.UPDATABLE)} may be changed")
         _check(status=changes.get("status"))
+        if "breakers" in changes:
+            changes = {**changes, "breakers": _breakers(changes["breakers"])}
         now = self._clock()
         async with self._store.write() as conn:
             before = await self._agent(conn, principal, agent_id)
@@ -148,7 +168,10 @@ class AgentService:
                 return before
             if "reports_to" in changed:
                 await self._check_manager(conn, principal, agent_id, changed["reports_to"])
-            await agent_store.update_agent(conn, principal.workspace_id, agent_id, changed)
+            columns = dict(changed)
+            if changed.get("status") == AgentStatus.ACTIVE:
+                columns.update(breaker_store.resumed_values(now))
+            await agent_store.update_agent(conn, principal.workspace_id, agent_id, columns)
             await audit.record_by(
                 conn,
                 principal,
@@ -156,10 +179,7 @@ class AgentService:
                 "agent",
                 agent_id,
                 now,
-                {
-                    "before": {k: _shown(before.adapter, k, getattr(before, k)) for k in changed},
-                    "after": {k: _shown(before.adapter, k, v) for k, v in changed.items()},
-                },
+                _changes(before, changed),
             )
             return await self._agent(conn, principal, agent_id)
 
@@ -178,9 +198,10 @@ class AgentService:
                 return before
             if before.status == AgentStatus.TERMINATED:
                 raise AgentTerminated(f"agent {before.name!r} is terminated")
-            await agent_store.update_agent(
-                conn, principal.workspace_id, agent_id, {"status": status}
-            )
+            columns: dict[str, Any] = {"status": status}
+            if status == AgentStatus.ACTIVE:  # a fresh breaker window, no reason left
+                columns.update(breaker_store.resumed_values(now))
+            await agent_store.update_agent(conn, principal.workspace_id, agent_id, columns)
             action = {
                 AgentStatus.ACTIVE.value: "agent.resume",
                 AgentStatus.PAUSED.value: "agent.pause",
@@ -192,7 +213,7 @@ class AgentService:
                 "agent",
                 agent_id,
                 now,
-                {"before": {"status": before.status}, "after": {"status": status}},
+                _status_change(before, status),
             )
             if status == AgentStatus.TERMINATED:
                 await self._revoke_keys(conn, principal, agent_id, now)
@@ -275,6 +296,42 @@ class AgentService:
         if agent is None:
             raise NotFound("no such agent")
         return agent
+
+
+def _changes(before: AgentRecord, changed: dict[str, Any]) -> dict[str, Any]:
+    """An update as audited: each changed field before and after (a resume that clears a
+    breaker's reason shows that too)."""
+    data: dict[str, Any] = {
+        "before": {k: _shown(before.adapter, k, getattr(before, k)) for k in changed},
+        "after": {k: _shown(before.adapter, k, v) for k, v in changed.items()},
+    }
+    if before.paused_reason is not None and changed.get("status") == AgentStatus.ACTIVE:
+        data["before"]["paused_reason"] = before.paused_reason
+        data["after"]["paused_reason"] = None
+    return data
+
+
+def _status_change(before: AgentRecord, status: str) -> dict[str, Any]:
+    """A status change as audited; a resume that clears a breaker's reason shows it."""
+    data: dict[str, Any] = {"before": {"status": before.status}, "after": {"status": status}}
+    if before.paused_reason is not None and status == AgentStatus.ACTIVE:
+        data["before"]["paused_reason"] = before.paused_reason
+        data["after"]["paused_reason"] = None
+    return data
+
+
+def _breakers(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An agent's breaker overrides as stored: known keys only, positive or None; {} is None."""
+    if value is None:
+        return None
+    if not value.keys() <= set(BREAKER_KEYS):
+        raise InvalidInput(f"breakers: only {list(BREAKER_KEYS)} may be set")
+    for key, limit in value.items():
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0
+        ):
+            raise InvalidInput(f"breakers.{key} must be a positive number or null (no limit)")
+    return dict(value) or None
 
 
 def _shown(adapter: str, key: str, value: Any) -> Any:

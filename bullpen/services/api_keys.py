@@ -31,6 +31,7 @@ from bullpen.store.base import Connection, Store
 
 LIST_MAX = 200
 EXPIRY_MAX = timedelta(days=366)
+LIMIT_MAX = 1_000_000_000  # requests or tokens per minute a key may be given
 
 
 def _invalid(field: str, message: str, code: str) -> InvalidInput:
@@ -80,6 +81,8 @@ class ApiKeyService:
         expires_at: datetime | None = None,
         agent_id: UUID | None = None,
         workspace_id: UUID | None = None,
+        rpm_limit: int | None = None,
+        tpm_limit: int | None = None,
     ) -> tuple[ApiKeyRecord, str]:
         """A new key for the caller (or, with `keys:admin`, for an agent); returns (row, key).
 
@@ -101,6 +104,7 @@ class ApiKeyService:
             raise Forbidden(
                 "only a session or an unscoped key may create a key for another workspace"
             )
+        _check_limits({"rpm_limit": rpm_limit, "tpm_limit": tpm_limit})
         now = self._clock()
         if expires_at is not None and not now < expires_at <= now + EXPIRY_MAX:
             raise _invalid(
@@ -150,6 +154,8 @@ class ApiKeyService:
                 scopes=stored_scopes,
                 now=now,
                 expires_at=expires_at,
+                rpm_limit=rpm_limit,
+                tpm_limit=tpm_limit,
             )
             # Recorded where the key acts (the creator is the caller, wherever it is).
             await audit.record(
@@ -168,12 +174,45 @@ class ApiKeyService:
                     "user_id": str(principal.user_id) if agent_id is None else None,
                     "agent_id": str(agent_id) if agent_id is not None else None,
                     "expires_at": expires_at.isoformat() if expires_at else None,
+                    "rpm_limit": rpm_limit,
+                    "tpm_limit": tpm_limit,
                 },
             )
             row = await key_store.get_key(conn, target, key_id)
         if row is None:  # inserted in this very transaction
             raise NotFound("no such API key")
         return row, key
+
+    async def set_limits(
+        self, principal: Principal, key_id: UUID, changes: dict[str, int | None]
+    ) -> ApiKeyRecord:
+        """Change a key's relay limits (own keys: `keys:write`; others': `keys:admin`)."""
+        need(principal, Permission.KEYS_WRITE)
+        if not changes.keys() <= key_store.LIMITS:
+            raise InvalidInput(f"only {sorted(key_store.LIMITS)} may be changed")
+        _check_limits(changes)
+        now = self._clock()
+        async with self._store.write() as conn:
+            before = await self._visible(conn, principal, key_id)
+            changed = {k: v for k, v in changes.items() if getattr(before, k) != v}
+            if not changed:
+                return before
+            await key_store.set_limits(conn, principal.workspace_id, key_id, changed)
+            await audit.record_by(
+                conn,
+                principal,
+                "api_key.update",
+                "api_key",
+                key_id,
+                now,
+                {
+                    "name": before.name,
+                    "prefix": before.prefix,
+                    "before": {k: getattr(before, k) for k in changed},
+                    "after": changed,
+                },
+            )
+            return await self._visible(conn, principal, key_id)
 
     async def revoke(self, principal: Principal, key_id: UUID) -> None:
         """Revoke a key at once (own keys: `keys:write`; others': `keys:admin`); idempotent."""
@@ -204,6 +243,15 @@ class ApiKeyService:
         if row is None or not (own or principal.can(Permission.KEYS_ADMIN)):
             raise NotFound("no such API key")
         return row
+
+
+def _check_limits(limits: dict[str, int | None]) -> None:
+    """Relay limits are whole numbers from 1 to LIMIT_MAX, or None (no limit)."""
+    for field, value in limits.items():
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= LIMIT_MAX
+        ):
+            raise _invalid(field, f"must be a whole number from 1 to {LIMIT_MAX}, or null", field)
 
 
 def _check_grant(

@@ -106,6 +106,8 @@ class AuthService:
             agent_id=record.agent_id,
             # Only an unscoped key (`*`) carries its user's instance-admin powers.
             is_instance_admin=record.is_instance_admin and scopes is None,
+            rpm_limit=record.rpm_limit,
+            tpm_limit=record.tpm_limit,
         )
 
     async def _key(self, digest: bytes) -> identity.KeyRecord | None:

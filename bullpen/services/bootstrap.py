@@ -20,6 +20,7 @@ from bullpen.store.base import Connection, Store
 ADMIN_EMAIL = "admin@bullpen.local"
 DEMO_AGENT = "demo"
 DEMO_AGENT_RUNS = 100  # runs of the demo agent at once
+DEMO_AGENT_BREAKERS = {"runs_per_hour": None}  # its overrides of the breaker defaults
 SIMULATED_PROVIDER = "simulated"
 SIMULATED_MODEL = "sim-1"
 
@@ -83,6 +84,10 @@ async def ensure_bootstrap(store: Store, secret: bytes, clock: Callable[[], date
             # The reference scenario's 80 users keep about 50 runs in flight: the demo agent
             # costs nothing, so its cap carries them (agents one creates start at 10).
             max_concurrent_runs=DEMO_AGENT_RUNS,
+            # The same 80 users start ~30 runs/s (108,000 an hour) for as long as they run:
+            # no run-rate breaker for it. Its runs cost nothing and do not fail, so the
+            # failure and spend breakers keep their defaults.
+            breakers=DEMO_AGENT_BREAKERS,
         )
         await audit.record(
             conn,

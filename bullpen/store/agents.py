@@ -33,8 +33,11 @@ UPDATABLE = frozenset(
         "requires_approval",
         "approval_ttl_s",
         "approval_default",
+        "breakers",
     }
 )
+# Columns the service sets with a change (a resume clears the breaker state), never a caller.
+_SET_WITH = frozenset({"paused_reason", "breaker_since", "failures_in_a_row"})
 # How far up the org chart a new manager is followed when checking for a cycle.
 CHAIN_MAX = 1000
 
@@ -56,6 +59,7 @@ async def create_agent(
     requires_approval: bool = False,
     approval_ttl_s: int | None = None,
     approval_default: str | None = None,
+    breakers: dict[str, Any] | None = None,
 ) -> UUID:
     """Insert an agent and return its id; a taken name is Conflict."""
     agent_id = agent_id or uuid.uuid4()
@@ -75,6 +79,7 @@ async def create_agent(
                 requires_approval=requires_approval,
                 approval_ttl_s=approval_ttl_s,
                 approval_default=approval_default,
+                breakers=breakers,
                 created_at=now,
             )
         )
@@ -107,8 +112,8 @@ async def update_agent(
     conn: Connection, workspace_id: UUID, agent_id: UUID, changes: dict[str, Any]
 ) -> None:
     """Change an agent's updatable columns; a taken name is Conflict."""
-    if not changes.keys() <= UPDATABLE:
-        raise ValueError(f"not updatable: {sorted(changes.keys() - UPDATABLE)}")
+    if not changes.keys() <= UPDATABLE | _SET_WITH:
+        raise ValueError(f"not updatable: {sorted(changes.keys() - UPDATABLE - _SET_WITH)}")
     try:
         await conn.execute(
             agents.update()

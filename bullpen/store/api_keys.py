@@ -27,7 +27,10 @@ _PUBLIC = sa.select(
     api_keys.c.expires_at,
     api_keys.c.last_used_at,
     api_keys.c.revoked_at,
+    api_keys.c.rpm_limit,
+    api_keys.c.tpm_limit,
 )
+LIMITS = frozenset({"rpm_limit", "tpm_limit"})
 
 
 async def list_keys(
@@ -49,6 +52,19 @@ async def get_key(conn: Connection, workspace_id: UUID, key_id: UUID) -> ApiKeyR
         )
     ).first()
     return ApiKeyRecord.of(row._mapping) if row is not None else None
+
+
+async def set_limits(
+    conn: Connection, workspace_id: UUID, key_id: UUID, changes: dict[str, int | None]
+) -> None:
+    """Change a key's relay limits (`rpm_limit`, `tpm_limit`; None is no limit)."""
+    if not changes.keys() <= LIMITS:
+        raise ValueError(f"not updatable: {sorted(changes.keys() - LIMITS)}")
+    await conn.execute(
+        api_keys.update()
+        .where(api_keys.c.id == key_id, api_keys.c.workspace_id == workspace_id)
+        .values(**changes)
+    )
 
 
 async def revoke_key(conn: Connection, workspace_id: UUID, key_id: UUID, now: datetime) -> bool:

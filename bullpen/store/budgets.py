@@ -27,7 +27,7 @@ from bullpen.domain.budgets import (
     period_start,
     warn_reached,
 )
-from bullpen.store import audit
+from bullpen.store import audit, notices
 from bullpen.store import gateway as gateway_store
 from bullpen.store.base import Connection
 from bullpen.store.ids import time_ordered_id
@@ -260,8 +260,14 @@ async def expired_reservations(conn: Connection, now: datetime, limit: int) -> l
 async def record_crossings(
     conn: Connection, workspace_id: UUID, crossings: Sequence[Crossing], now: datetime
 ) -> None:
-    """Record budgets that reached their warning threshold or their amount (audit)."""
+    """Record budgets that reached their warning threshold or their amount: an audit event and
+    a workspace notice (`budget.warning`, `budget.exceeded`) each."""
     for crossing in crossings:
+        figures = {
+            "amount_usd": crossing.amount_usd,
+            "spent_usd": round(crossing.spent_usd, 6),
+            "reserved_usd": round(crossing.reserved_usd, 6),
+        }
         await audit.record(
             conn,
             workspace_id=workspace_id,
@@ -271,11 +277,14 @@ async def record_crossings(
             target_type="budget",
             target_id=crossing.budget_id,
             now=now,
-            data={
-                "amount_usd": crossing.amount_usd,
-                "spent_usd": round(crossing.spent_usd, 6),
-                "reserved_usd": round(crossing.reserved_usd, 6),
-            },
+            data=figures,
+        )
+        await notices.add_notice(
+            conn,
+            workspace_id,
+            f"budget.{crossing.kind}",
+            {"budget_id": str(crossing.budget_id), **figures},
+            now,
         )
 
 

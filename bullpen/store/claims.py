@@ -135,6 +135,8 @@ async def _take(
             agents.c.config,
             agents.c.name,
             agents.c.description,
+            agents.c.breakers,
+            agents.c.breaker_since,
             sa.exists()
             .where(_reports.c.reports_to == agents.c.id)
             .correlate(agents)
@@ -169,6 +171,8 @@ async def _take(
             dependents=row.dependents,
             steps=row.steps,
             has_reports=bool(row.has_reports),
+            agent_breakers=row.breakers,
+            breaker_since=row.breaker_since,
         )
         for row in details
     ]

@@ -30,6 +30,8 @@ class KeyRecord:
     expires_at: datetime | None
     revoked_at: datetime | None
     last_used_at: datetime | None
+    rpm_limit: int | None = None
+    tpm_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,8 @@ async def create_api_key(
     now: datetime,
     expires_at: datetime | None = None,
     agent_id: UUID | None = None,
+    rpm_limit: int | None = None,
+    tpm_limit: int | None = None,
 ) -> UUID:
     """Store a new API key (of a user, or of an agent) by its digest; never the key itself."""
     key_id = uuid.uuid4()
@@ -119,6 +123,8 @@ async def create_api_key(
             scopes=scopes,
             expires_at=expires_at,
             created_at=now,
+            rpm_limit=rpm_limit,
+            tpm_limit=tpm_limit,
         )
     )
     return key_id
@@ -136,6 +142,8 @@ _KEY_LOOKUP = (
         api_keys.c.revoked_at,
         api_keys.c.last_used_at,
         api_keys.c.scopes,
+        api_keys.c.rpm_limit,
+        api_keys.c.tpm_limit,
         memberships.c.role,
         users.c.is_instance_admin,
     )
@@ -180,6 +188,8 @@ async def find_api_key(conn: Connection, digest: bytes) -> KeyRecord | None:
         expires_at=row.expires_at,
         revoked_at=row.revoked_at,
         last_used_at=row.last_used_at,
+        rpm_limit=row.rpm_limit,
+        tpm_limit=row.tpm_limit,
     )
 
 

@@ -223,6 +223,35 @@ async def release(conn: Connection, held: list[Held], *, now: datetime) -> int:
     return released
 
 
+async def unclaim(conn: Connection, held: list[Held], *, now: datetime) -> int:
+    """Undo claims in the claim's own transaction (nothing ran, nothing was written under
+    them): the runs are queued again with their attempt and start as before the claim."""
+    undone = 0
+    for h in held:
+        result = await conn.execute(
+            runs.update()
+            .where(
+                runs.c.id == h.run_id,
+                runs.c.attempt == h.attempt,
+                runs.c.status == RunStatus.RUNNING.value,
+            )
+            .values(
+                status=RunStatus.QUEUED.value,
+                attempt=h.attempt - 1,
+                lease_owner=None,
+                lease_expires_at=None,
+                started_at=None,
+            )
+            .returning(runs.c.task_id)
+        )
+        task_id = result.scalar_one_or_none()
+        if task_id is None:
+            continue
+        undone += 1
+        await _task_leaves_running(conn, task_id, TaskStatus.QUEUED, now)
+    return undone
+
+
 async def _task_leaves_running(
     conn: Connection, task_id: UUID, status: TaskStatus, now: datetime, **values: Any
 ) -> None:

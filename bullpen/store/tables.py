@@ -128,6 +128,13 @@ agents = sa.Table(
     sa.Column("requires_approval", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("approval_ttl_s", sa.Integer),
     sa.Column("approval_default", sa.String(8)),
+    # Breakers (migration 0014): overrides of the instance's limits (a key left out uses the
+    # default, a null one is no limit), why a breaker paused the agent, where its windows
+    # start (the last resume) and its failed runs in a row.
+    sa.Column("breakers", JSONType),
+    sa.Column("paused_reason", sa.Text),
+    sa.Column("breaker_since", UTCDateTime),
+    sa.Column("failures_in_a_row", sa.Integer, nullable=False, server_default="0"),
     sa.UniqueConstraint("workspace_id", "name", name="uq_agents_workspace_name"),
     sa.CheckConstraint(
         "status IN ({})".format(", ".join(f"'{s.value}'" for s in AgentStatus)), name="status"
@@ -150,6 +157,9 @@ api_keys = sa.Table(
     sa.Column("last_used_at", UTCDateTime),
     sa.Column("revoked_at", UTCDateTime),
     _created(),
+    # Relay rate limits (migration 0014): requests and tokens per minute; null is no limit.
+    sa.Column("rpm_limit", sa.Integer),
+    sa.Column("tpm_limit", sa.Integer),
     sa.CheckConstraint("(user_id IS NOT NULL) OR (agent_id IS NOT NULL)", name="owner"),
 )
 
@@ -270,6 +280,8 @@ runs = sa.Table(
         "ix_runs_queue_head", "status", "workspace_id", sa.desc("priority"), "queued_at", "id"
     ),
     sa.Index("ix_runs_status_lease", "status", "lease_expires_at"),
+    # The run-rate breaker (migration 0014): an agent's runs started in the last hour.
+    sa.Index("ix_runs_agent_started", "agent_id", "started_at"),
     # Checkout (migration 0006): at most one queued or running run per task.
     sa.Index(
         "uq_runs_task_active",
@@ -453,6 +465,15 @@ cost_events = sa.Table(
     sa.Index("ix_cost_events_workspace_created", "workspace_id", "created_at"),
     sa.Index("ix_cost_events_created", "created_at"),  # retention (migration 0010)
     sa.Index("ix_cost_events_task_id", "task_id"),
+    # The spend breaker (migration 0014): an agent's priced calls in the last hour, covering.
+    sa.Index(
+        "ix_cost_events_agent_priced",
+        "agent_id",
+        "created_at",
+        "cost_usd",
+        sqlite_where=sa.text("cost_usd > 0"),
+        postgresql_where=sa.text("cost_usd > 0"),
+    ),
     sa.CheckConstraint("source IN ('run', 'relay')", name="source"),
 )
 

@@ -248,3 +248,22 @@ def test_an_unknown_agent_is_a_clear_error_and_no_question(cli: Cli) -> None:
     assert done.returncode == 1
     assert done.stderr.strip() == "error: no agent named 'nobody'"
     assert done.stdout == ""
+
+
+def test_breaker_overrides_are_set_and_shown(cli: Cli) -> None:
+    cli.json("create", "guarded", "--model", "sim-1")
+    changed = cli.json(
+        "set", "guarded", "--breakers-json", '{"runs_per_hour": 200, "usd_per_hour": null}'
+    )
+    assert changed["breakers"] == {"runs_per_hour": 200, "usd_per_hour": None}
+    assert changed["breaker_limits"] == {
+        "runs_per_hour": 200,
+        "failures_in_a_row": 10,
+        "usd_per_hour": None,
+    }
+    shown = cli.ok("show", "guarded")
+    assert "runs/h 200, failures in a row 10, USD/h none" in shown
+    refused = cli("set", "guarded", "--breakers-json", '{"runs_per_hour": 0}')
+    assert refused.returncode == 1 and "breakers.runs_per_hour" in refused.stderr, refused.stderr
+    bad = cli("set", "guarded", "--breakers-json", "[1]")
+    assert bad.returncode == 2 and "JSON object" in bad.stderr

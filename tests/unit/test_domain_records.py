@@ -102,6 +102,10 @@ def _agent_row(**changes: object) -> dict[str, object]:
         "created_at": NOW,
         "reports_to": None,
         "description": "",
+        "breakers": None,
+        "paused_reason": None,
+        "breaker_since": None,
+        "failures_in_a_row": 0,
     }
     return row | changes
 

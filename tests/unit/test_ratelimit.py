@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bullpen.errors import RateLimited
-from bullpen.security.ratelimit import CallerLimits, FailureWindow, TokenBuckets
+from bullpen.errors import KeyRateLimited, RateLimited
+from bullpen.security.ratelimit import CallerLimits, FailureWindow, KeyWindows, TokenBuckets
 
 
 class Clock:
@@ -110,3 +110,54 @@ def test_pending_attempts_count_until_released() -> None:
         window.release("e")  # refunded: nothing recorded
     assert window._pending == {"other": 1}
     window.check("e")
+
+
+def test_key_requests_per_minute_slide_and_say_when_to_retry() -> None:
+    clock = Clock()
+    windows = KeyWindows(clock=clock)
+    for step in range(3):
+        windows.settle(windows.admit("k", rpm=3, tpm=None, estimate=0), 0)
+        clock.now += 10.0 * (step + 1)  # calls at 0, 10 and 30 s
+    clock.now = 1000.0 + 45.0
+    with pytest.raises(KeyRateLimited) as refused:
+        windows.admit("k", rpm=3, tpm=None, estimate=0)
+    assert refused.value.kind == "requests" and refused.value.retry_after == 15.0
+    assert windows.admit("other", rpm=3, tpm=None, estimate=0) is not None  # its own window
+    assert windows.admit("free", rpm=None, tpm=None, estimate=10**9) is None
+    clock.now = 1000.0 + 60.0  # the first call leaves the minute
+    windows.admit("k", rpm=3, tpm=None, estimate=0)
+    with pytest.raises(KeyRateLimited):
+        windows.admit("k", rpm=3, tpm=None, estimate=0)
+
+
+def test_key_tokens_per_minute_count_prompts_in_flight_then_the_reported_usage() -> None:
+    clock = Clock()
+    windows = KeyWindows(clock=clock)
+    first = windows.admit("k", rpm=None, tpm=100, estimate=40)
+    second = windows.admit("k", rpm=None, tpm=100, estimate=40)  # 40 in flight + 40 <= 100
+    with pytest.raises(KeyRateLimited) as refused:  # 80 in flight + 40 > 100
+        windows.admit("k", rpm=None, tpm=100, estimate=40)
+    assert refused.value.kind == "tokens" and refused.value.retry_after == 1.0
+    clock.now += 5.0
+    windows.settle(first, 70)  # its usage: 70 tokens, counted from now (1005 s)
+    clock.now += 5.0
+    windows.settle(second, 0)  # failed before any usage: frees its estimate
+    windows.admit("k", rpm=None, tpm=100, estimate=30)  # 70 + 30
+    with pytest.raises(KeyRateLimited) as refused:
+        windows.admit("k", rpm=None, tpm=100, estimate=1)
+    # The 70 leave the minute at 1065 s; the 30 in flight stay until their call ends.
+    assert refused.value.retry_after == 55.0
+    clock.now = 1065.0
+    windows.admit("k", rpm=None, tpm=100, estimate=70)
+
+
+def test_a_call_larger_than_the_key_tpm_may_go_alone_and_idle_keys_are_forgotten() -> None:
+    clock = Clock()
+    windows = KeyWindows(clock=clock)
+    ticket = windows.admit("k", rpm=2, tpm=10, estimate=500)
+    windows.settle(ticket, 600)
+    with pytest.raises(KeyRateLimited):
+        windows.admit("k", rpm=2, tpm=10, estimate=1)
+    clock.now += 61.0
+    windows.admit("other", rpm=1, tpm=None, estimate=0)
+    assert "k" not in windows._keys  # its minute is over: nothing kept for it

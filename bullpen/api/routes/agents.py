@@ -45,7 +45,9 @@ _AGENT_LINKS = {
 async def list_agents(principal: Reader, agents: Agents) -> AgentList:
     """Every agent of the workspace, ordered by name."""
     rows = await agents.list(principal)
-    return AgentList(items=[AgentPublic.from_row(row, principal) for row in rows])
+    return AgentList(
+        items=[AgentPublic.from_row(row, principal, agents.limits(row)) for row in rows]
+    )
 
 
 async def _not_the_tree(request: Request) -> None:
@@ -99,9 +101,14 @@ async def create_agent(
             requires_approval=body.requires_approval,
             approval_ttl_s=body.approval_ttl_s,
             approval_default=None if body.approval_default is None else body.approval_default.value,
+            breakers=None
+            if body.breakers is None
+            else body.breakers.model_dump(exclude_unset=True),
         )
         return tx.respond(
-            201, AgentPublic.from_row(row, principal), location=f"/api/v1/agents/{row.id}"
+            201,
+            AgentPublic.from_row(row, principal, agents.limits(row)),
+            location=f"/api/v1/agents/{row.id}",
         )
 
 
@@ -114,7 +121,8 @@ async def create_agent(
 )
 async def get_agent(agent_id: AgentId, principal: Reader, agents: Agents) -> AgentPublic:
     """One agent of the workspace."""
-    return AgentPublic.from_row(await agents.get(principal, agent_id), principal)
+    row = await agents.get(principal, agent_id)
+    return AgentPublic.from_row(row, principal, agents.limits(row))
 
 
 @router.patch(
@@ -140,7 +148,10 @@ async def update_agent(
         changes["status"] = body.status.value
     if changes.get("approval_default") is not None:
         changes["approval_default"] = str(changes["approval_default"])
-    return AgentPublic.from_row(await agents.update(principal, agent_id, changes), principal)
+    if "breakers" in changes:
+        changes["breakers"] = body.breakers.model_dump(exclude_unset=True) if body.breakers else {}
+    row = await agents.update(principal, agent_id, changes)
+    return AgentPublic.from_row(row, principal, agents.limits(row))
 
 
 @router.delete(
@@ -165,7 +176,7 @@ def _lifecycle(status: str, op: str, summary: str, doc: str) -> None:
         row = await agents.set_status(principal, agent_id, status)
         if status == AgentStatus.TERMINATED:
             await svc.tasks.cancel_open_of_agent(principal, agent_id)
-        return AgentPublic.from_row(row, principal)
+        return AgentPublic.from_row(row, principal, agents.limits(row))
 
     change.__doc__ = doc
     router.add_api_route(
@@ -189,7 +200,8 @@ _lifecycle(
     AgentStatus.ACTIVE,
     "resume",
     "Resume a paused agent",
-    "Its queued runs are claimed again. A terminated agent cannot be resumed (409).",
+    "Its queued runs are claimed again; `paused_reason` is cleared and its breakers count "
+    "afresh from now. A terminated agent cannot be resumed (409).",
 )
 _lifecycle(
     AgentStatus.TERMINATED,

@@ -16,6 +16,7 @@ from bullpen.api.schemas.keys import (
     ApiKeyCreated,
     ApiKeyList,
     ApiKeyPublic,
+    ApiKeyUpdate,
 )
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
@@ -28,6 +29,7 @@ Writer = Annotated[Principal, require(Permission.KEYS_WRITE)]
 
 _KEY_LINKS = {
     "GetApiKey": docs.link("getApiKey", key_id="$response.body#/id"),
+    "UpdateApiKey": docs.link("updateApiKey", key_id="$response.body#/id"),
     "RevokeApiKey": docs.link("revokeApiKey", key_id="$response.body#/id"),
 }
 
@@ -78,6 +80,8 @@ async def create_api_key(
             expires_at=body.expires_at,
             agent_id=body.agent_id,
             workspace_id=body.workspace_id,
+            rpm_limit=body.rpm_limit,
+            tpm_limit=body.tpm_limit,
         )
         public = ApiKeyPublic.from_row(row).model_dump()
         return tx.respond(
@@ -98,6 +102,23 @@ async def create_api_key(
 async def get_api_key(key_id: KeyId, principal: Reader, keys: Keys) -> ApiKeyPublic:
     """One of the caller's keys, or any key of the workspace with `keys:admin`."""
     return ApiKeyPublic.from_row(await keys.get(principal, key_id))
+
+
+@router.patch(
+    "/{key_id}",
+    operation_id="updateApiKey",
+    response_model=ApiKeyPublic,
+    dependencies=[Depends(require_json)],
+    responses=docs.problems(400, 401, 403, 404, 413, 415, 422, 429, 503),
+    summary="Change an API key's relay limits",
+)
+async def update_api_key(
+    key_id: KeyId, body: ApiKeyUpdate, principal: Writer, keys: Keys
+) -> ApiKeyPublic:
+    """Set or remove (`null`) the key's requests and tokens per minute on the relay; they
+    apply to its next call. Own keys need `keys:write`, others' `keys:admin`."""
+    changes = body.model_dump(exclude_unset=True)
+    return ApiKeyPublic.from_row(await keys.set_limits(principal, key_id, changes))
 
 
 @router.delete(

@@ -80,6 +80,7 @@ async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDe
         ledger=svc.ledger,
         slots=svc.relay_slots,
         clock=svc.clock,
+        rates=svc.relay_rates,
     )
     answer = RelayAnswer(body.model)
     try:

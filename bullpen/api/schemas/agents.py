@@ -32,6 +32,7 @@ from bullpen.domain.access import Permission
 from bullpen.domain.agents import AgentStatus
 from bullpen.domain.approvals import TTL_MAX_S as APPROVAL_TTL_MAX_S
 from bullpen.domain.approvals import TTL_MIN_S as APPROVAL_TTL_MIN_S
+from bullpen.domain.breakers import BreakerLimits
 from bullpen.domain.principal import Principal
 from bullpen.domain.records import AgentRecord
 
@@ -39,6 +40,7 @@ SYSTEM_PROMPT_MAX = 20_000
 DESCRIPTION_MAX = 20_000
 MAX_TOKENS_MAX = 1_000_000
 RUNS_MIN, RUNS_MAX = 1, 1000
+RUNS_PER_HOUR_MAX, FAILURES_MAX, USD_PER_HOUR_MAX = 10_000_000, 100_000, 1_000_000.0
 
 # Printable, no control characters, no leading or trailing whitespace.
 _WORD = r"^[^\x00-\x20\x7f]([^\x00-\x1f\x7f]*[^\x00-\x20\x7f])?$"
@@ -159,6 +161,36 @@ def _config_for(value: Any, adapter: Adapter | None) -> BaseModel:
     return value if isinstance(value, kind) else kind.model_validate(value)
 
 
+class Breakers(Strict):
+    """An agent's breaker overrides: a limit left out keeps the instance's default
+    (`BULLPEN_BREAKER_*`), `null` is no limit for this agent. Crossing one pauses the agent."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"runs_per_hour": 200, "usd_per_hour": 5.0}]},
+    )
+
+    runs_per_hour: (
+        Annotated[int, Field(ge=1, le=RUNS_PER_HOUR_MAX, strict=True), BeforeValidator(integral)]
+        | None
+    ) = Field(default=None, description="Runs the agent may start within any hour.")
+    failures_in_a_row: (
+        Annotated[int, Field(ge=1, le=FAILURES_MAX, strict=True), BeforeValidator(integral)] | None
+    ) = Field(default=None, description="Runs that may fail in a row (a `done` run resets).")
+    usd_per_hour: Annotated[float, Field(gt=0, le=USD_PER_HOUR_MAX, allow_inf_nan=False)] | None = (
+        Field(default=None, description="USD the agent's LLM calls may cost within an hour.")
+    )
+
+
+class BreakerLimitsPublic(BaseModel):
+    """The breaker limits that apply to an agent (its overrides over the defaults); `null` is
+    no limit."""
+
+    runs_per_hour: int | None
+    failures_in_a_row: int | None
+    usd_per_hour: float | None
+
+
 class _AgentFields(Strict):
     """What every new agent has, whatever its adapter."""
 
@@ -190,6 +222,9 @@ class _AgentFields(Strict):
         default=None,
         description="What an expired approval of this agent decides: `approve` or `deny` "
         "(omitted: `deny`).",
+    )
+    breakers: Breakers | None = Field(
+        default=None, description="Overrides of the instance's breaker limits; omit for none."
     )
 
 
@@ -308,6 +343,9 @@ class AgentUpdate(Strict):
     approval_default: ApprovalDefault | None = Field(
         default=None, description="What an expired approval decides, or `null` for `deny`."
     )
+    breakers: Breakers = optional(
+        "Replaces the agent's breaker overrides as a whole (`{}`: the defaults for all)."
+    )
 
 
 class AgentPublic(BaseModel):
@@ -335,10 +373,18 @@ class AgentPublic(BaseModel):
         description="What an expired approval decides (`null`: `deny`)."
     )
     created_at: datetime
+    breakers: dict[str, Any] = Field(
+        description="The agent's breaker overrides as set (see `breaker_limits` for what applies)."
+    )
+    breaker_limits: BreakerLimitsPublic
+    paused_reason: str | None = Field(
+        description="Why a breaker paused the agent; `null` once resumed (or if a person "
+        "paused it)."
+    )
 
     @classmethod
-    def from_row(cls, row: AgentRecord, principal: Principal) -> AgentPublic:
-        """Build from an `agents` row, as `principal` may see it."""
+    def from_row(cls, row: AgentRecord, principal: Principal, limits: BreakerLimits) -> AgentPublic:
+        """Build from an `agents` row, as `principal` may see it, with its breaker limits."""
         return cls(
             id=row.id,
             name=row.name,
@@ -355,6 +401,9 @@ class AgentPublic(BaseModel):
             approval_ttl_s=row.approval_ttl_s,
             approval_default=row.approval_default,
             created_at=row.created_at,
+            breakers=row.breakers or {},
+            breaker_limits=BreakerLimitsPublic(**limits.as_dict()),
+            paused_reason=row.paused_reason,
         )
 
 

@@ -9,6 +9,7 @@ from uuid import UUID
 from pydantic import (
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -17,10 +18,10 @@ from pydantic import (
     field_validator,
 )
 
-from bullpen.api.schemas.common import Strict
+from bullpen.api.schemas.common import Strict, integral
 from bullpen.domain.access import ALL_SCOPES, Permission
 from bullpen.domain.records.accounts import ApiKeyRecord
-from bullpen.services.api_keys import LIST_MAX
+from bullpen.services.api_keys import LIMIT_MAX, LIST_MAX
 
 # Printable, no control characters, no leading or trailing whitespace.
 _NAME = r"^[^\x00-\x20\x7f]([^\x00-\x1f\x7f]*[^\x00-\x20\x7f])?$"
@@ -34,6 +35,17 @@ _EVERYTHING: list[Literal["*"]] = ["*"]
 def _scope_kind(value: Any) -> str:
     return "everything" if isinstance(value, list) and ALL_SCOPES in value else "permissions"
 
+
+PerMinute = Annotated[int, Field(ge=1, le=LIMIT_MAX, strict=True), BeforeValidator(integral)]
+_RPM = (
+    "Relay (`/v1/chat/completions`) requests per minute of this key; beyond, 429 "
+    "`rate_limit_exceeded` with `Retry-After`. `null`: no limit."
+)
+_TPM = (
+    "Relay tokens per minute of this key: input + output tokens of its calls that ended in "
+    "the last minute, plus the prompt estimates of those in flight; a call that would pass it "
+    "gets 429 `rate_limit_exceeded` with `Retry-After`. `null`: no limit."
+)
 
 Scopes = Annotated[
     Annotated[Permissions, Tag("permissions")] | Annotated[Everything, Tag("everything")],
@@ -82,10 +94,25 @@ class ApiKeyCreate(Strict):
         ),
     )
 
+    rpm_limit: PerMinute | None = Field(default=None, description=_RPM)
+    tpm_limit: PerMinute | None = Field(default=None, description=_TPM)
+
     @field_validator("scopes")
     @classmethod
     def _unique(cls, value: list[Any]) -> list[Any]:
         return list(dict.fromkeys(value))
+
+
+class ApiKeyUpdate(Strict):
+    """Change a key's relay limits (send only what changes; `null` removes a limit)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"rpm_limit": 60, "tpm_limit": 100_000}]},
+    )
+
+    rpm_limit: PerMinute | None = Field(default=None, description=_RPM)
+    tpm_limit: PerMinute | None = Field(default=None, description=_TPM)
 
 
 class ApiKeyPublic(BaseModel):
@@ -104,6 +131,8 @@ class ApiKeyPublic(BaseModel):
     expires_at: datetime | None
     last_used_at: datetime | None = Field(description="Last use, to about a minute.")
     revoked_at: datetime | None
+    rpm_limit: int | None = Field(description="Relay requests per minute; `null`: no limit.")
+    tpm_limit: int | None = Field(description="Relay tokens per minute; `null`: no limit.")
 
     @classmethod
     def from_row(cls, row: ApiKeyRecord) -> ApiKeyPublic:
@@ -120,6 +149,8 @@ class ApiKeyPublic(BaseModel):
             expires_at=row.expires_at,
             last_used_at=row.last_used_at,
             revoked_at=row.revoked_at,
+            rpm_limit=row.rpm_limit,
+            tpm_limit=row.tpm_limit,
         )
 
 

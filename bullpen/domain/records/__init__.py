@@ -128,6 +128,10 @@ class AgentRecord:
     created_at: datetime
     reports_to: UUID | None
     description: str
+    breakers: dict[str, Any] | None  # overrides of the instance's limits (domain/breakers.py)
+    paused_reason: str | None  # why a breaker paused it (None: not paused by a breaker)
+    breaker_since: datetime | None  # breaker windows start no earlier (its last resume)
+    failures_in_a_row: int
     requires_approval: bool = False  # each new task waits for a decision before it is queued
     approval_ttl_s: int | None = None  # an undecided approval expires after this (None: setting)
     approval_default: str | None = None  # what expiry decides: approve or deny (None: deny)

@@ -117,6 +117,8 @@ class ApiKeyRecord:
     expires_at: datetime | None
     last_used_at: datetime | None
     revoked_at: datetime | None
+    rpm_limit: int | None  # relay requests per minute (None: no limit)
+    tpm_limit: int | None  # relay tokens per minute (None: no limit)
 
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:

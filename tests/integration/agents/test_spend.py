@@ -12,7 +12,13 @@ import aiohttp
 import pytest
 import sqlalchemy as sa
 
-from bullpen.store.tables import budget_reservations, budgets, cost_events, run_events
+from bullpen.store.tables import (
+    budget_reservations,
+    budgets,
+    cost_events,
+    run_events,
+    task_changes,
+)
 from tests.support.db import rows
 from tests.support.servers import RunningServer
 from tests.support.team import create_task, make_agent, runs_of, until_ended
@@ -172,3 +178,11 @@ async def test_concurrent_runs_never_spend_past_a_budget_by_more_than_a_slice_ea
         )
     ]
     assert "budget.warning" in actions and "budget.exceeded" in actions
+    notices = await rows(
+        server,
+        sa.select(task_changes.c.kind, task_changes.c.data).where(
+            task_changes.c.kind.like("budget.%")
+        ),
+    )
+    assert sorted(n.kind for n in notices) == ["budget.exceeded", "budget.warning"]
+    assert all(n.data["budget_id"] == budget["id"] for n in notices)

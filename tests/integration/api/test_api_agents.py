@@ -34,6 +34,9 @@ PUBLIC_FIELDS = {
     "status",
     "max_concurrent_runs",
     "created_at",
+    "breakers",
+    "breaker_limits",
+    "paused_reason",
 }
 
 

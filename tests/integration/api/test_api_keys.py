@@ -35,6 +35,8 @@ PUBLIC_FIELDS = {
     "expires_at",
     "last_used_at",
     "revoked_at",
+    "rpm_limit",
+    "tpm_limit",
 }
 
 

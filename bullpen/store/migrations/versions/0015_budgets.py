@@ -1,7 +1,7 @@
 """budgets: amounts per period over a scope, reservations of calls in flight, a richer ledger
 
 Revision ID: 0015
-Revises: 0013
+Revises: 0014
 Create Date: 2026-12-05 15:00:00
 """
 
@@ -12,7 +12,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0015"
-down_revision = "0013"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
