@@ -2,7 +2,8 @@
 migrate, init, sim-provider).
 
 `bench` is in `bullpen.cli.bench`, `providers` and `routes` in `bullpen.cli.gateway`, `agents`
-in `bullpen.cli.agents`, `approvals` in `bullpen.cli.approvals`; what they share is in
+in `bullpen.cli.agents`, `approvals` in `bullpen.cli.approvals`, `budgets` and `costs` in
+`bullpen.cli.budgets`; what they share is in
 `bullpen.cli.output`, `.options` and `.client`.
 """
 
@@ -20,6 +21,7 @@ from bullpen import gcpolicy
 from bullpen.cli.agents import agents_cli
 from bullpen.cli.approvals import approvals_cli
 from bullpen.cli.bench import bench
+from bullpen.cli.budgets import budgets_cli, costs
 from bullpen.cli.gateway import providers_cli, routes_cli
 from bullpen.cli.output import console
 
@@ -367,6 +369,8 @@ cli.add_typer(providers_cli, name="providers")
 cli.add_typer(routes_cli, name="routes")
 cli.add_typer(agents_cli, name="agents")
 cli.add_typer(approvals_cli, name="approvals")
+cli.add_typer(budgets_cli, name="budgets")
+cli.command("costs")(costs)
 
 
 def main() -> None:
