@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from bullpen.domain.breakers import WINDOW_S, BreakerLimits
 from bullpen.domain.runs import ClaimedRun, Held, RunOutcome
 from bullpen.domain.status import RunStatus
+from bullpen.errors import BudgetExceeded
 from bullpen.store import breakers as breaker_store
 from bullpen.store import runs as run_store
 from bullpen.store.base import Connection
@@ -68,9 +69,12 @@ async def check_starts(
 async def after_run(
     conn: Connection, run: ClaimedRun, outcome: RunOutcome, defaults: BreakerLimits, now: datetime
 ) -> None:
-    """Count the run's end against its agent's failures in a row and spend per hour."""
+    """Count the run's end against its agent's failures in a row (a budget's stop is not a
+    failure of the agent) and spend per hour."""
     limits = defaults.with_overrides(run.agent_breakers)
-    if outcome.status is RunStatus.FAILED:
+    # A run a budget stopped is not the agent misbehaving: the budget already holds its spend,
+    # and pausing the agent too would outlast a raised budget until someone resumed it.
+    if outcome.status is RunStatus.FAILED and outcome.error_code != BudgetExceeded.slug:
         failures = await breaker_store.run_failed(conn, run.agent_id)
         limit = limits.failures_in_a_row
         if limit is not None and failures >= limit:

@@ -79,6 +79,7 @@ def examples(backend: str) -> tuple[int, int]:
 # retried again; with one only, a run whose first accepted retry was a negative case (an
 # ignored extra parameter) met nothing but 409s in its positive ones (`missing_test_data`).
 SEEDED_TASKS = 6
+SEEDED_PER_KIND = 4  # routines and budgets
 SEED = int(os.environ.get("BULLPEN_FUZZ_SEED", "20261202"))
 MAX_FAILURES = int(os.environ.get("BULLPEN_FUZZ_MAX_FAILURES", "20"))
 RUN_TIMEOUT_S = float(os.environ.get("BULLPEN_FUZZ_TIMEOUT_S", "200"))
@@ -120,7 +121,8 @@ class Tenant:
     protected_ids: list[str]
     provider_id: str
     route_id: str
-    routine_id: str
+    routine_ids: list[str]  # several: each DELETE consumes one, the others keep answering
+    budget_ids: list[str]
     workspace_id: str
     member_id: str
     user_id: str
@@ -163,16 +165,24 @@ async def _seed(server: RunningServer) -> Tenant:
         async with http.post(f"{server.base_url}/api/v1/model-routes", json=route) as resp:
             assert resp.status == 201, await resp.text()
             route_id = (await resp.json())["id"]
-        # A routine of the seeded agent (one slot a year: it never fires during the run).
-        routine = {
-            "name": "fuzz-routine",
-            "agent_id": str(server.boot.agent_id),
-            "cron": "0 0 1 1 *",
-            "prompt": PROMPT,
-        }
-        async with http.post(f"{server.base_url}/api/v1/routines", json=routine) as resp:
-            assert resp.status == 201, await resp.text()
-            routine_id = (await resp.json())["id"]
+        # Routines of the seeded agent (one slot a year: they never fire during the run), and
+        # budgets too large to stop anything. Several of each, so that a DELETE early in the run
+        # leaves the later cases of the other operations something to find.
+        routine_ids, budget_ids = [], []
+        for n in range(SEEDED_PER_KIND):
+            routine = {
+                "name": f"fuzz-routine-{n}",
+                "agent_id": str(server.boot.agent_id),
+                "cron": "0 0 1 1 *",
+                "prompt": PROMPT,
+            }
+            async with http.post(f"{server.base_url}/api/v1/routines", json=routine) as resp:
+                assert resp.status == 201, await resp.text()
+                routine_ids.append((await resp.json())["id"])
+            budget = {"scope": "workspace", "amount_usd": 1_000_000, "hard_stop": False}
+            async with http.post(f"{server.base_url}/api/v1/budgets", json=budget) as resp:
+                assert resp.status == 201, await resp.text()
+                budget_ids.append((await resp.json())["id"])
         # An agent that requires approval, and a pending approval of one of its tasks.
         gated = {
             "name": "fuzz-gated",
@@ -246,7 +256,8 @@ async def _seed(server: RunningServer) -> Tenant:
         protected_ids=[i for i in ids if i != str(doomed)],
         provider_id=provider_id,
         route_id=route_id,
-        routine_id=routine_id,
+        routine_ids=routine_ids,
+        budget_ids=budget_ids,
         workspace_id=str(server.boot.workspace_id),
         member_id=str(member_id),
         user_id=str(boot_user),
@@ -254,6 +265,10 @@ async def _seed(server: RunningServer) -> Tenant:
         gated_agent_id=gated_agent_id,
         approval_id=approval_id,
     )
+
+
+def _quoted(ids: list[str]) -> str:
+    return ", ".join(f'"{i}"' for i in ids)
 
 
 def _config(tenant: Tenant, report_dir: Path, backend: str) -> str:
@@ -269,6 +284,10 @@ max-failures = {MAX_FAILURES}
 # Also how long an event stream may stay open (the `event_stream_ends` check in the hooks); the
 # server's simulated runs end within a second.
 request-timeout = 2
+# Read every stream to its end (or the timeout): by default schemathesis stops after 20 events
+# and reports the stream as cut short, which the check cannot tell from one that hung (a relay
+# answer of 24 tokens is 26 events).
+max-stream-events = 100000
 hooks = "{HOOKS}"
 
 [cache]
@@ -310,7 +329,10 @@ values = ["{tenant.provider_id}"]
 values = ["{tenant.route_id}"]
 
 [dictionaries.seeded_routine]
-values = ["{tenant.routine_id}"]
+values = [{_quoted(tenant.routine_ids)}]
+
+[dictionaries.seeded_budget]
+values = [{_quoted(tenant.budget_ids)}]
 
 [dictionaries.own_workspace]
 values = ["{tenant.workspace_id}"]
@@ -334,6 +356,7 @@ values = ["fuzz-route"]
 "path.provider_id" = {{ dictionary = "seeded_provider", probability = 0.5 }}
 "path.route_id" = {{ dictionary = "seeded_route", probability = 0.5 }}
 "path.routine_id" = {{ dictionary = "seeded_routine", probability = 0.5 }}
+"path.budget_id" = {{ dictionary = "seeded_budget", probability = 0.5 }}
 "path.approval_id" = {{ dictionary = "seeded_approval", probability = 0.5 }}
 # The fuzzer's own workspace (renaming it harms nothing; DELETE gets the doomed one, below).
 "path.workspace_id" = {{ dictionary = "own_workspace", probability = 0.5 }}

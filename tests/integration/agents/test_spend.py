@@ -186,3 +186,25 @@ async def test_concurrent_runs_never_spend_past_a_budget_by_more_than_a_slice_ea
     )
     assert sorted(n.kind for n in notices) == ["budget.exceeded", "budget.warning"]
     assert all(n.data["budget_id"] == budget["id"] for n in notices)
+
+
+async def test_runs_a_budget_stops_do_not_trip_the_failure_breaker(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    await priced_provider(http, server)
+    agent = await make_agent(http, server, "thrifty", provider="priced", max_cost_usd=0.001)
+    async with http.patch(
+        f"{server.base_url}/api/v1/agents/{agent['id']}",
+        json={"breakers": {"failures_in_a_row": 2}},
+        headers=server.auth,
+    ) as resp:
+        assert resp.status == 200, await resp.text()
+    for n in range(3):
+        task = await create_task(http, server, agent, f"Too dear, take {n}")
+        ended = await until_ended(http, server, task["id"])
+        assert ended["run"]["error_code"] == "budget-exceeded"
+    async with http.get(
+        f"{server.base_url}/api/v1/agents/{agent['id']}", headers=server.auth
+    ) as resp:
+        after = await resp.json()
+    assert after["status"] == "active" and after["paused_reason"] is None
