@@ -29,7 +29,7 @@ class Scope(StrEnum):
 
     WORKSPACE = "workspace"
     AGENT = "agent"
-    API_KEY = "api_key"
+    API_KEY = "api_key"  # pragma: allowlist secret
     TASK = "task"
 
 
@@ -46,7 +46,7 @@ class Group(StrEnum):
     AGENT = "agent"
     MODEL = "model"
     PROVIDER = "provider"
-    API_KEY = "api_key"
+    API_KEY = "api_key"  # pragma: allowlist secret
     SOURCE = "source"
 
 
