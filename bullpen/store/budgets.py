@@ -319,7 +319,10 @@ async def settle_run(
             rows.append(_run_row(workspace_id, run_id, agent_id, task_id, now, **row))
     await gateway_store.record_costs(conn, rows)
     await record_crossings(conn, workspace_id, crossings, now)
-    await charge_held(conn, [run_id], now)
+    # Only a run that reserved, or one whose calls are unknown (cancelled mid-call), can still
+    # hold something: the others skip the lookup.
+    if not calls or any(call.get("reservation_id") is not None for call in calls):
+        await charge_held(conn, [run_id], now)
 
 
 _CALL_FIELDS = (
