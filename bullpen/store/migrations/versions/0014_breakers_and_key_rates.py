@@ -50,11 +50,9 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_cost_events_agent_priced", table_name="cost_events")
     op.drop_index("ix_runs_agent_started", table_name="runs")
-    with op.batch_alter_table("api_keys", schema=None) as batch_op:
-        batch_op.drop_column("tpm_limit")
-        batch_op.drop_column("rpm_limit")
-    with op.batch_alter_table("agents", schema=None) as batch_op:
-        batch_op.drop_column("failures_in_a_row")
-        batch_op.drop_column("breaker_since")
-        batch_op.drop_column("paused_reason")
-        batch_op.drop_column("breakers")
+    # In place (SQLite >= 3.35 drops a column without rebuilding the table): a rebuild drops
+    # `agents`, which the foreign keys of tasks and runs refuse while they have rows.
+    for column in ("tpm_limit", "rpm_limit"):
+        op.drop_column("api_keys", column)
+    for column in ("failures_in_a_row", "breaker_since", "paused_reason", "breakers"):
+        op.drop_column("agents", column)
