@@ -19,9 +19,11 @@ from bullpen.domain.principal import Principal
 from bullpen.errors import InvalidInput, NotFound
 from bullpen.services.spend import Spend
 from bullpen.store import agents as agent_store
+from bullpen.store import api_keys as key_store
 from bullpen.store import audit
 from bullpen.store import budgets as budget_store
 from bullpen.store import costs as cost_store
+from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection, Store
 
 # Budgets a workspace may have (each reservation reads the ones covering a call).
@@ -200,10 +202,10 @@ class BudgetService:
             if await agent_store.get_agent(conn, workspace_id, values["agent_id"]) is None:
                 raise NotFound("no such agent in this workspace")
         elif scope is BudgetScope.API_KEY:
-            if not await cost_store.key_in_workspace(conn, workspace_id, values["api_key_id"]):
+            if await key_store.get_key(conn, workspace_id, values["api_key_id"]) is None:
                 raise NotFound("no such API key in this workspace")
         elif scope is BudgetScope.TASK:
-            if not await cost_store.task_in_workspace(conn, workspace_id, values["task_id"]):
+            if await task_store.get_task(conn, workspace_id, values["task_id"]) is None:
                 raise NotFound("no such task in this workspace")
 
 

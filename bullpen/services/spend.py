@@ -71,7 +71,6 @@ class Meter:
     reserved_usd: float = 0.0  # held against the budgets (and the ceiling) so far
     allowance_tokens: float = math.inf  # output tokens the reservation covers
     prompt_usd: float = 0.0
-    stopped: str | None = None  # why the stream was stopped, if it was
     _token_usd: float = field(default=0.0)
 
     async def start(self, prompt_tokens: int, first_slice: int) -> None:
@@ -106,7 +105,6 @@ class Meter:
 
     def _refusal(self, *, before: bool) -> BudgetExceeded:
         what = "a budget" if self.budget_ids else "the run's cost ceiling (max_cost_usd)"
-        self.stopped = what
         if before:
             return BudgetExceeded(f"{what} has no room left for this call")
         return BudgetExceeded(f"stopped the answer: {what} has no room left for more output")

@@ -245,18 +245,6 @@ async def settle(
     return crossings
 
 
-async def expired_reservations(conn: Connection, now: datetime, limit: int) -> list[Any]:
-    """Open reservations of relay calls whose process never settled them."""
-    return list(
-        await conn.execute(
-            sa.select(_R.id, _R.amount_usd, _R.workspace_id, _R.api_key_id)
-            .where(_R.expires_at < now, _R.run_id.is_(None))
-            .order_by(_R.expires_at)
-            .limit(limit)
-        )
-    )
-
-
 async def record_crossings(
     conn: Connection, workspace_id: UUID, crossings: Sequence[Crossing], now: datetime
 ) -> None:

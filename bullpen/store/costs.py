@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from bullpen.errors import InvalidInput
 from bullpen.store.base import Connection
-from bullpen.store.tables import api_keys, cost_events, tasks
+from bullpen.store.tables import cost_events
 
 _C = cost_events.c
 GROUPS = {
@@ -71,17 +71,3 @@ async def totals(
             row["key"] = str(row["key"])
         row["cost_usd"] = float(row["cost_usd"])
     return rows
-
-
-async def key_in_workspace(conn: Connection, workspace_id: UUID, key_id: UUID) -> bool:
-    """Whether the API key belongs to the workspace."""
-    query = sa.select(api_keys.c.id).where(
-        api_keys.c.id == key_id, api_keys.c.workspace_id == workspace_id
-    )
-    return (await conn.execute(query)).first() is not None
-
-
-async def task_in_workspace(conn: Connection, workspace_id: UUID, task_id: UUID) -> bool:
-    """Whether the task belongs to the workspace."""
-    query = sa.select(tasks.c.id).where(tasks.c.id == task_id, tasks.c.workspace_id == workspace_id)
-    return (await conn.execute(query)).first() is not None

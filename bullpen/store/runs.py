@@ -198,35 +198,19 @@ async def fail_deliveries(
 
 async def release(conn: Connection, held: list[Held], *, now: datetime) -> int:
     """Give deliveries back to the queue unharmed (a draining worker); not a failure."""
-    released = 0
-    for h in held:
-        result = await conn.execute(
-            runs.update()
-            .where(
-                runs.c.id == h.run_id,
-                runs.c.attempt == h.attempt,
-                runs.c.status == RunStatus.RUNNING.value,
-            )
-            .values(
-                status=RunStatus.QUEUED.value,
-                lease_owner=None,
-                lease_expires_at=None,
-                available_at=None,
-            )
-            .returning(runs.c.task_id)
-        )
-        task_id = result.scalar_one_or_none()
-        if task_id is None:
-            continue
-        released += 1
-        await _task_leaves_running(conn, task_id, TaskStatus.QUEUED, now)
-    return released
+    return await _requeue(conn, held, now, available_at=None)
 
 
 async def unclaim(conn: Connection, held: list[Held], *, now: datetime) -> int:
     """Undo claims in the claim's own transaction (nothing ran, nothing was written under
     them): the runs are queued again with their attempt and start as before the claim."""
-    undone = 0
+    return await _requeue(conn, held, now, attempt=runs.c.attempt - 1, started_at=None)
+
+
+async def _requeue(conn: Connection, held: list[Held], now: datetime, **values: Any) -> int:
+    """Queue running deliveries again, lease dropped, with `values` besides; returns how many
+    were still held. Their tasks leave `running` for `queued`."""
+    requeued = 0
     for h in held:
         result = await conn.execute(
             runs.update()
@@ -236,20 +220,16 @@ async def unclaim(conn: Connection, held: list[Held], *, now: datetime) -> int:
                 runs.c.status == RunStatus.RUNNING.value,
             )
             .values(
-                status=RunStatus.QUEUED.value,
-                attempt=h.attempt - 1,
-                lease_owner=None,
-                lease_expires_at=None,
-                started_at=None,
+                status=RunStatus.QUEUED.value, lease_owner=None, lease_expires_at=None, **values
             )
             .returning(runs.c.task_id)
         )
         task_id = result.scalar_one_or_none()
         if task_id is None:
             continue
-        undone += 1
+        requeued += 1
         await _task_leaves_running(conn, task_id, TaskStatus.QUEUED, now)
-    return undone
+    return requeued
 
 
 async def _task_leaves_running(

@@ -508,8 +508,8 @@ budgets = sa.Table(
 )
 
 # Open reservations (migration 0015): what a call in flight holds against `budget_ids`. A run's
-# are settled in its final transaction, or by the reaper when its lease is lost; a relay
-# call's when it ends, or by the sweep after `expires_at` if its process died.
+# are settled in its final transaction, or by the reaper when its lease is lost. `expires_at`
+# and `api_key_id` are for relay calls, which do not reserve yet (issue 22).
 budget_reservations = sa.Table(
     "budget_reservations",
     metadata,
