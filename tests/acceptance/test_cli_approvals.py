@@ -3,17 +3,13 @@ process over HTTP with the bootstrap API key."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
-from bullpen.cli.client import request
-from bullpen.settings import Settings
-from tests.support.processes import BullpenCli, bootstrap_key, bullpen_up, free_port, process_env
+from tests.support.processes import ApiCli, BullpenCli, served_cli
 
 
 @dataclass
@@ -23,41 +19,14 @@ class Agents(BullpenCli):
     prefix: tuple[str, ...] = ("agents",)
 
 
-@dataclass
-class Cli(BullpenCli):
-    """`bullpen approvals …` against the module's server."""
-
-    url: str = ""
-    prefix: tuple[str, ...] = ("approvals",)
-
-    def json(self, *args: str) -> Any:
-        """Run with --json, expect exit 0, return the parsed stdout."""
-        return json.loads(self.ok(*args, "--json"))
-
-    def api(self, method: str, path: str, body: Any = None) -> Any:
-        """Call the API directly (to set up and check, without the CLI)."""
-        status, reply = request(method, self.url, path, api_key=self.api_key, body=body)
-        assert status < 300, reply
-        return reply
-
-
 @pytest.fixture(scope="module")
-def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
+def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiCli]:
     """One `bullpen up` for the module, and its bootstrap API key in BULLPEN_API_KEY."""
-    settings = Settings(data_dir=tmp_path_factory.mktemp("data"), secret_key="t" * 40)
-    env = process_env(settings)
-    api_key = asyncio.run(bootstrap_key(settings))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with bullpen_up(env, port):
-        yield Cli(
-            {**env, "BULLPEN_URL": url, "BULLPEN_API_KEY": api_key, "COLUMNS": "250"},
-            api_key,
-            url=url,
-        )
+    with served_cli(tmp_path_factory.mktemp("data"), ("approvals",)) as served:
+        yield served
 
 
-def test_approvals_are_listed_shown_approved_and_denied(cli: Cli) -> None:
+def test_approvals_are_listed_shown_approved_and_denied(cli: ApiCli) -> None:
     agents = Agents(cli.env, cli.api_key)
     made = agents("create", "gated", "--model", "sim-1", "--requires-approval", "--json")
     assert made.returncode == 0, made.stderr

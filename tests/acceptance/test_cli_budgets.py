@@ -3,54 +3,21 @@ command its own process over HTTP with the bootstrap API key."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
-from bullpen.cli.client import request
-from bullpen.settings import Settings
-from tests.support.processes import BullpenCli, bootstrap_key, bullpen_up, free_port, process_env
-
-
-@dataclass
-class Cli(BullpenCli):
-    """`bullpen …` against the module's server."""
-
-    url: str = ""
-    prefix: tuple[str, ...] = ()
-
-    def json(self, *args: str) -> Any:
-        """Run with --json, expect exit 0, return the parsed stdout."""
-        return json.loads(self.ok(*args, "--json"))
-
-    def api(self, method: str, path: str) -> Any:
-        """Call the API directly (to check, without the CLI)."""
-        status, reply = request(method, self.url, path, api_key=self.api_key)
-        assert status < 300, reply
-        return reply
+from tests.support.processes import ApiCli, served_cli
 
 
 @pytest.fixture(scope="module")
-def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
+def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiCli]:
     """One `bullpen up` for the module, and its bootstrap API key in BULLPEN_API_KEY."""
-    settings = Settings(data_dir=tmp_path_factory.mktemp("data"), secret_key="t" * 40)
-    env = process_env(settings)
-    api_key = asyncio.run(bootstrap_key(settings))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with bullpen_up(env, port):
-        yield Cli(
-            {**env, "BULLPEN_URL": url, "BULLPEN_API_KEY": api_key, "COLUMNS": "250"},
-            api_key,
-            url=url,
-        )
+    with served_cli(tmp_path_factory.mktemp("data")) as served:
+        yield served
 
 
-def test_budgets_are_created_listed_changed_and_deleted(cli: Cli) -> None:
+def test_budgets_are_created_listed_changed_and_deleted(cli: ApiCli) -> None:
     agent = cli.api("GET", "/api/v1/agents")["items"][0]["id"]
     made = cli.json("budgets", "create", "agent", agent, "--amount", "25", "--warn", "60")
     assert (made["scope"], made["agent_id"], made["amount_usd"]) == ("agent", agent, 25.0)
@@ -70,7 +37,7 @@ def test_budgets_are_created_listed_changed_and_deleted(cli: Cli) -> None:
     assert [b["id"] for b in cli.api("GET", "/api/v1/budgets")["items"]] == [workspace["id"]]
 
 
-def test_costs_print_the_ledger_grouped_and_daily(cli: Cli) -> None:
+def test_costs_print_the_ledger_grouped_and_daily(cli: ApiCli) -> None:
     report = cli.json("costs", "--by", "model", "--daily")
     assert report["group_by"] == "model" and report["interval"] == "day"
     assert isinstance(report["rows"], list)

@@ -3,6 +3,7 @@ listens, the bootstrap API key, CLI commands run as processes, and `bullpen benc
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -19,6 +20,7 @@ from typing import IO, Any
 import pytest
 
 from bullpen.app import open_store, utcnow
+from bullpen.cli.client import request
 from bullpen.security.secrets import load_secret
 from bullpen.services.bootstrap import ensure_bootstrap
 from bullpen.settings import Settings
@@ -172,3 +174,38 @@ class BullpenCli:
         done = self(*args, stdin=stdin)
         assert done.returncode == 0, done.stderr
         return done.stdout
+
+
+@dataclass
+class ApiCli(BullpenCli):
+    """`bullpen …` against a served `bullpen up`, with the API at hand to set up and check."""
+
+    url: str = ""
+
+    def json(self, *args: str) -> Any:
+        """Run with --json, expect exit 0, return the parsed stdout."""
+        return json.loads(self.ok(*args, "--json"))
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        """Call the API directly (to set up and check, without the CLI)."""
+        status, reply = request(method, self.url, path, api_key=self.api_key, body=body)
+        assert status < 300, reply
+        return reply
+
+
+@contextmanager
+def served_cli(data_dir: Any, prefix: tuple[str, ...] = ()) -> Iterator[ApiCli]:
+    """One `bullpen up` on SQLite in `data_dir`, and a CLI with its bootstrap key in
+    BULLPEN_API_KEY (for a module-scoped fixture)."""
+    settings = Settings(data_dir=data_dir, secret_key="t" * 40)
+    env = process_env(settings)
+    api_key = asyncio.run(bootstrap_key(settings))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with bullpen_up(env, port):
+        yield ApiCli(
+            {**env, "BULLPEN_URL": url, "BULLPEN_API_KEY": api_key, "COLUMNS": "250"},
+            api_key,
+            prefix,
+            url=url,
+        )
