@@ -32,6 +32,8 @@ PROTECTED_IDS_ENV = "BULLPEN_FUZZ_PROTECTED_IDS"
 DOOMED_WORKSPACE_ENV = "BULLPEN_FUZZ_DOOMED_WORKSPACE"
 DOOMED_KEY_ENV = "BULLPEN_FUZZ_DOOMED_KEY"
 FUZZ_KEY_ENV = "BULLPEN_FUZZ_KEY"
+# The seeded agent, which the fuzzer's routines and tasks name.
+AGENT_ENV = "BULLPEN_FUZZ_AGENT"
 # The workspace the fuzzer's key acts in.
 OWN_WORKSPACE_ENV = "BULLPEN_FUZZ_OWN_WORKSPACE"
 # Invitations (issue 19): per answer (`accept`, `decline`) the key of the owner of a workspace
@@ -255,6 +257,7 @@ def before_call(context: Any, case: Any, kwargs: Any) -> None:
     _own_workspace(case)
     _fresh_invitation(case)
     _fresh_approval(case)
+    _fresh_routine(case)
 
 
 def _spare_seeded_tenant(case: Any) -> None:
@@ -429,6 +432,31 @@ def _fresh_approval(case: Any) -> None:
         if approval["task_id"] == task["id"]:
             params["approval_id"] = approval["id"]
             return
+
+
+def _fresh_routine(case: Any) -> None:
+    """Half of the DELETEs of a routine get one made for them, so that every run deletes
+    something whatever the earlier cases deleted (the seeded ones may all be gone by then);
+    the other half still checks that an unknown id is a 404."""
+    params = case.path_parameters or {}
+    value = params.get("routine_id")
+    if case.method.upper() != "DELETE" or not isinstance(value, str):
+        return
+    if not UUID_TEXT.fullmatch(value) or hashlib.sha256(value.encode()).digest()[0] % 2:
+        return
+    routine = _call(
+        "POST",
+        f"{os.environ[BASE_URL_ENV]}/api/v1/routines",
+        os.environ[FUZZ_KEY_ENV],
+        {
+            "name": f"doomed-{value[:8]}-{os.urandom(4).hex()}",
+            "agent_id": os.environ[AGENT_ENV],
+            "cron": "0 0 1 1 *",
+            "prompt": "Deleted by the fuzzer",
+        },
+    )
+    if isinstance(routine, dict) and "id" in routine:
+        params["routine_id"] = routine["id"]
 
 
 def _call(method: str, url: str, key: str, body: Any = None) -> Any:
