@@ -15,11 +15,18 @@ from bullpen.domain.access import Role
 from tests.support.axe import grave_violations
 from tests.support.browser import CSP_PROBE, TIMEOUT_MS, PageErrors
 from tests.support.login import add_user
-from tests.support.team import create_task, delegate, finish, make_agent, until_ended
+from tests.support.team import (
+    create_task,
+    delegate,
+    finish,
+    get_task,
+    make_agent,
+    until_ended,
+)
 
 pytestmark = [pytest.mark.browser]
 
-PASSWORD = "a long enough viewer password"
+PASSWORD = "a long enough viewer password"  # pragma: allowlist secret
 
 
 async def sign_in(page: Page, server: Any, email: str = "", password: str = "") -> None:
@@ -82,7 +89,7 @@ async def test_tasks_page_filters_searches_creates_and_bulk_cancels(
         await expect(page).to_have_url(re.compile(r"/tasks/[0-9a-f-]{36}$"))
         created = page.url.rsplit("/", 1)[1]
         await expect(page.locator("#status")).to_have_text("blocked")
-        task = (await (await http.get(f"{server.base_url}/api/v1/tasks/{created}", headers=server.auth)).json())
+        task = await get_task(http, server, created)
         assert task["priority"] == 5 and task["labels"] == ["finance", "q3"]
 
         # Filters: a label, then a search on the prompt's text; htmx keeps the URL in step.
