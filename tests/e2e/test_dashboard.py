@@ -227,6 +227,10 @@ async def test_agents_page_creates_with_api_errors_charts_and_pauses(
     await page.get_by_role("button", name="Yes, pause").click()
     await expect(page.get_by_role("heading", level=1)).to_contain_text("paused")
     await expect(page.get_by_role("button", name="Resume")).to_be_visible()
+    edit = page.get_by_role("form", name="Edit analyst")
+    await edit.get_by_label("Title").fill("Senior analyst")
+    await edit.get_by_role("button", name="Save").click()
+    await expect(page.locator("p.meta").first).to_contain_text("Senior analyst")
     await clean(page, page_errors)
 
 
