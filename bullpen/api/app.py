@@ -34,6 +34,9 @@ from bullpen.api.routes import (
     system,
     tasks,
     ui,
+    ui_agents,
+    ui_approvals,
+    ui_tasks,
     users,
     workspaces,
 )
@@ -125,6 +128,8 @@ def create_app(settings: Settings) -> FastAPI:
         _document_access(router)
         app.include_router(router)
     app.include_router(ui.router)
+    for page_router in (ui_tasks.router, ui_agents.router, ui_approvals.router):
+        app.include_router(page_router)
     openapi.install(app)
     app.direct = {
         "/v1/chat/completions": DirectEndpoint(relay.chat_request, settings.relay_max_body_bytes)
