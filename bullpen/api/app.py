@@ -16,6 +16,8 @@ from bullpen.api.deps import access_of
 from bullpen.api.direct import DirectEndpoint
 from bullpen.api.headers import SecurityHeaders
 from bullpen.api.limits import BodyLimit
+from bullpen.api.mcp.server import PATH as MCP_PATH
+from bullpen.api.mcp.server import McpEndpoint
 from bullpen.api.problems import RELAY_PREFIX
 from bullpen.api.routes import (
     agents,
@@ -96,10 +98,11 @@ def _document_access(router: APIRouter) -> None:
 
 def create_app(settings: Settings) -> FastAPI:
     """The HTTP application; its lifespan starts and stops every service."""
+    mcp = McpEndpoint(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with build(settings) as services:
+        async with build(settings) as services, mcp.run():
             app.state.services = services
             gcpolicy.settle()
             yield
@@ -125,6 +128,7 @@ def create_app(settings: Settings) -> FastAPI:
         _document_access(router)
         app.include_router(router)
     app.include_router(ui.router)
+    app.add_route(MCP_PATH, mcp, include_in_schema=False)  # an ASGI app: every method reaches it
     openapi.install(app)
     app.direct = {
         "/v1/chat/completions": DirectEndpoint(relay.chat_request, settings.relay_max_body_bytes)
