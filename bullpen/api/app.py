@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bullpen import __version__, gcpolicy
@@ -128,7 +129,8 @@ def create_app(settings: Settings) -> FastAPI:
         _document_access(router)
         app.include_router(router)
     app.include_router(ui.router)
-    app.add_route(MCP_PATH, mcp, include_in_schema=False)  # an ASGI app: every method reaches it
+    # An ASGI app as the endpoint: every method reaches it (it answers 405 itself).
+    app.router.routes.append(Route(MCP_PATH, mcp, include_in_schema=False))
     openapi.install(app)
     app.direct = {
         "/v1/chat/completions": DirectEndpoint(relay.chat_request, settings.relay_max_body_bytes)

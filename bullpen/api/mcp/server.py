@@ -32,7 +32,7 @@ from bullpen import __version__
 from bullpen.api import problems
 from bullpen.api.deps import authenticate, bearer, check_permission, record_denial, services_of
 from bullpen.api.mcp.tools import TOOLS, Caller, StoredRefusal, Tool
-from bullpen.errors import BullpenError, Forbidden, Unavailable
+from bullpen.errors import BullpenError, Forbidden, Unauthenticated, Unavailable
 from bullpen.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -201,8 +201,14 @@ class McpEndpoint:
             if manager is None:
                 raise Unavailable("the MCP server is not running", retry_after=1)
             svc = services_of(request)
-            # A key only: a session cookie is not taken here (no CSRF proof in MCP requests).
-            principal = await authenticate(request, svc, await bearer(request), None)
+            credentials = await bearer(request)
+            if (
+                credentials is None
+            ):  # a session cookie is not taken: MCP requests carry no CSRF proof
+                raise Unauthenticated(
+                    f"send `Authorization: Bearer <api key>`: {PATH} takes API keys"
+                )
+            principal = await authenticate(request, svc, credentials, None)
         except BullpenError as err:
             await (await problems.answer(request, err))(scope, receive, send)
             return

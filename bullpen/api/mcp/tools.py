@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from bullpen.api import cursor
 from bullpen.api.idempotency import KEY_MAX, IdempotentWrite
-from bullpen.api.schemas.tasks import COMMENT_MAX, NO_NUL, Labels, Label, Priority, Prompt, Title
+from bullpen.api.schemas.tasks import COMMENT_MAX, NO_NUL, Label, Labels, Priority, Prompt, Title
 from bullpen.app import Services
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
@@ -359,8 +359,7 @@ TOOLS: dict[str, Tool] = {
     for tool in (
         Tool(
             "list_agents",
-            "List the workspace's agents (name, title, description, status): who can take a "
-            "task.",
+            "List the workspace's agents (name, title, description, status): who can take a task.",
             NoArgs,
             Permission.AGENTS_READ,
             list_agents,
