@@ -26,6 +26,7 @@ from bullpen.domain.principal import Principal
 from bullpen.domain.records import AgentRecord, RunRecord, TaskRecord
 from bullpen.domain.status import TERMINAL_TASK, TaskStatus
 from bullpen.errors import NotFound
+from bullpen.streams.bus.memory import Subscriber
 
 # How long one `wait_for_task` call may hold its request: long enough to save a client most of
 # its polling, short enough for proxies' idle timeouts (they commonly cut at 60 s).
@@ -284,7 +285,7 @@ async def _costed(call: Caller, task_id: UUID) -> dict[str, Any]:
     return view
 
 
-async def _until_end_event(live: Any, wait_s: float) -> None:
+async def _until_end_event(live: Subscriber, wait_s: float) -> None:
     """Return at a run's end event, after `wait_s`, or when the subscriber lagged."""
     loop = asyncio.get_running_loop()
     until = loop.time() + wait_s
