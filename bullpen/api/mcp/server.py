@@ -82,17 +82,20 @@ async def _call_tool(
         return _error("Unauthenticated: this server takes requests only at /mcp with an API key")
     tool = TOOLS.get(params.name)
     if tool is None:
-        return _error(f"Unknown tool {params.name!r}; `tools/list` lists them")
+        return _error(f"Unknown tool {params.name[:100]!r}; `tools/list` lists them")
     try:
         check_permission(caller.principal, tool.permission)
-        args = tool.args.model_validate_json(orjson.dumps(params.arguments or {}))
+        try:
+            args = tool.args.model_validate_json(orjson.dumps(params.arguments or {}))
+        except ValidationError as err:
+            return _error(_invalid(err))
         result = await tool.run(caller, args)
-    except ValidationError as err:
-        return _error(_invalid(err))
     except Forbidden as err:
         await _audit_denial(caller, tool, err.detail)
         return _error(_message(err))
     except BullpenError as err:
+        if err.status >= 500:
+            log.warning("MCP tool %s -> %s: %s", tool.name, err.status, err.detail)
         return _error(_message(err))
     except StoredRefusal as err:
         return _error(_stored_message(err.problem))
