@@ -3,13 +3,13 @@
 One workspace is given a canary of each secret Bullpen holds: a user's password, an API key,
 a browser session, a webhook agent's signing secret, a `process` agent's secret environment
 value and a provider key. They are then used along success and failure paths: signing in
-(right and wrong), the key calling the API and the relay, the session reading pages and the
-API, the process agent running, the webhook agent failing to reach its (closed) loopback
-port, providers answering errors. Afterwards none of them may appear, plain or encoded, in
-any response (status line, headers, body; `/mcp` tool calls included; the one response that hands out a new key and the
-`Set-Cookie` of a sign-in are the only places a secret is meant to travel), in the task and
-workspace event streams, in the audit log, in `/metrics`, in any log record, or in any
-database row (sealed values are bytes under AES-GCM, and digests are not the secret).
+(right and wrong), the key calling the API, the relay and the MCP server, the session reading
+pages and the API, the process agent running, the webhook agent failing to reach its (closed)
+loopback port, providers answering errors. Afterwards none of them may appear, plain or
+encoded, in any response (status line, headers, body; the one response that hands out a new
+key and the `Set-Cookie` of a sign-in are the only places a secret is meant to travel), in
+the task and workspace event streams, in the audit log, in `/metrics`, in any log record, or
+in any database row (sealed values are bytes under AES-GCM, and digests are not the secret).
 The provider key has its own, deeper sweep in `test_gateway_runs.py`.
 """
 
