@@ -252,3 +252,20 @@ async def test_the_mcp_edge_answers_as_the_api_does(
         monkeypatch.setattr(server.services.tasks, "get", broken)
         text = await refused(client, "get_task", task_id=str(uuid.uuid4()))
         assert text == "Internal error: something went wrong on our side; it has been logged."
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+@pytest.mark.with_settings(rate_limit_key_rps=0.01, rate_limit_key_burst=3)
+async def test_mcp_requests_count_against_the_keys_rate_limit(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    rpc = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "list_agents"}}
+    headers = {"Accept": "application/json, text/event-stream", **server.auth}
+    statuses = []
+    for _ in range(4):
+        async with http.post(server.base_url + "/mcp", json=rpc, headers=headers) as resp:
+            reply = await read(resp)
+            statuses.append(reply.status)
+    assert statuses == [200, 200, 200, 429]
+    problem(reply, 429)
+    assert int(reply.headers["Retry-After"]) >= 1
