@@ -123,6 +123,10 @@ async def test_a_coding_assistant_hands_a_task_over_mcp(
             client, "create_task", agent="analyst", prompt=PROMPT + "!", idempotency_key="k1"
         )
         assert "idempotency-key-mismatch" in other
+        nobody = {"agent": str(uuid.uuid4()), "prompt": PROMPT, "idempotency_key": "k2"}
+        first = await refused(client, "create_task", **nobody)
+        assert first.startswith("Not found (not-found):") and "replayed" not in first
+        assert await refused(client, "create_task", **nobody) == first + " (replayed)"
 
         ended = await ok(client, "wait_for_task", task_id=created["id"], timeout_s=20)
         assert ended["status"] == "done" and ended["timed_out"] is False
