@@ -145,11 +145,16 @@ async def test_a_coding_assistant_hands_a_task_over_mcp(
         assert [c["id"] for c in comments.body["items"]] == [note["id"]]
         assert "cannot be cancelled" in await refused(client, "cancel_task", task_id=created["id"])
 
-    # A run that hangs: waiting times out, cancelling ends it, waiting again sees the end.
+    # A run still going when the wait starts (its end wakes it); a run that hangs: waiting
+    # times out, cancelling ends it, waiting again sees the end.
     await faulty_provider(http, server)
-    hanging = {"name": "stuck", "config": {"provider": "faulty", "model": "sim-1@hang"}}
-    assert (await call(http, server, "POST", "/api/v1/agents", body=hanging)).status == 201
+    for name, model in [("slow", "sim-1@slow:60"), ("stuck", "sim-1@hang")]:
+        body = {"name": name, "config": {"provider": "faulty", "model": model}}
+        assert (await call(http, server, "POST", "/api/v1/agents", body=body)).status == 201
     async with mcp_client(server, server.boot.api_key, mode="legacy") as client:
+        slow = await ok(client, "create_task", agent="slow", prompt=PROMPT)
+        done = await ok(client, "wait_for_task", task_id=slow["id"], timeout_s=20)
+        assert done["status"] == "done" and len(done["result"].split()) == 24
         stuck = await ok(client, "create_task", agent="stuck", prompt=PROMPT)
         waited = await ok(client, "wait_for_task", task_id=stuck["id"], timeout_s=0.3)
         assert waited["timed_out"] is True and waited["status"] in ("queued", "running")
@@ -160,7 +165,7 @@ async def test_a_coding_assistant_hands_a_task_over_mcp(
     # The same audit trail as the REST API's: each action by the key that made it.
     by_key = audit_events.c.actor_type == "api_key"
     actions = [row.action for row in await rows(server, sa.select(audit_events).where(by_key))]
-    assert actions.count("task.create") == 2 and "task.comment" in actions
+    assert actions.count("task.create") == 3 and "task.comment" in actions
     assert "task.cancel" in actions
 
 
