@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bullpen import __version__, gcpolicy
@@ -16,6 +17,8 @@ from bullpen.api.deps import access_of
 from bullpen.api.direct import DirectEndpoint
 from bullpen.api.headers import SecurityHeaders
 from bullpen.api.limits import BodyLimit
+from bullpen.api.mcp.server import PATH as MCP_PATH
+from bullpen.api.mcp.server import McpEndpoint
 from bullpen.api.problems import RELAY_PREFIX
 from bullpen.api.routes import (
     agents,
@@ -99,10 +102,11 @@ def _document_access(router: APIRouter) -> None:
 
 def create_app(settings: Settings) -> FastAPI:
     """The HTTP application; its lifespan starts and stops every service."""
+    mcp = McpEndpoint(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with build(settings) as services:
+        async with build(settings) as services, mcp.run():
             app.state.services = services
             gcpolicy.settle()
             yield
@@ -130,6 +134,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(ui.router)
     for page_router in (ui_tasks.router, ui_agents.router, ui_approvals.router):
         app.include_router(page_router)
+    # An ASGI app as the endpoint: every method reaches it (it answers 405 itself).
+    app.router.routes.append(Route(MCP_PATH, mcp, include_in_schema=False))
     openapi.install(app)
     app.direct = {
         "/v1/chat/completions": DirectEndpoint(relay.chat_request, settings.relay_max_body_bytes)
