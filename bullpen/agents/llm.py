@@ -39,7 +39,7 @@ from bullpen.agents.base import (
 from bullpen.domain.events import EventKind
 from bullpen.domain.runs import RunOutcome
 from bullpen.domain.status import RunStatus
-from bullpen.errors import AgentLoop, AgentStopped, BullpenError
+from bullpen.errors import AgentLoop, AgentStopped, BudgetExceeded, BullpenError
 from bullpen.gateway.catalog import Target
 from bullpen.gateway.chunks import OutputCount, ToolCalls
 from bullpen.gateway.router import Call, Gateway, content_of
@@ -282,6 +282,7 @@ class _Usage:
             waits=waits,
             calls=self.calls or None,
             awaits_approval=awaits_approval,
+            budget_stop=isinstance(error, BudgetExceeded) and error.by_budget,
         )
 
 

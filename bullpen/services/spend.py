@@ -84,6 +84,8 @@ class Meter:
     reserved_usd: float = 0.0  # held against the budgets (and the ceiling) so far
     allowance_tokens: float = math.inf  # output tokens the reservation covers
     prompt_usd: float = 0.0
+    task_id: UUID | None = None  # a run's task: a budget override approved for it applies
+    by_ceiling: bool = False  # the run's ceiling, not a budget, bounded the last grant
     _token_usd: float = field(default=0.0)
 
     async def start(self, prompt_tokens: int, first_slice: int) -> None:
@@ -111,16 +113,20 @@ class Meter:
         granted = want_usd
         if self.ceiling_left_usd is not None:
             granted = max(0.0, min(granted, self.ceiling_left_usd - self.reserved_usd))
+            self.by_ceiling = granted < want_usd
         if self.budget_ids and granted > 0:
             granted = await self.source(self, granted)
         self.reserved_usd += granted
         return granted
 
     def _refusal(self, *, before: bool) -> BudgetExceeded:
-        what = "a budget" if self.budget_ids else "the run's cost ceiling (max_cost_usd)"
+        by_budget = bool(self.budget_ids) and not self.by_ceiling
+        what = "a budget" if by_budget else "the run's cost ceiling (max_cost_usd)"
         if before:
-            return BudgetExceeded(f"{what} has no room left for this call")
-        return BudgetExceeded(f"stopped the answer: {what} has no room left for more output")
+            return BudgetExceeded(f"{what} has no room left for this call", by_budget=by_budget)
+        return BudgetExceeded(
+            f"stopped the answer: {what} has no room left for more output", by_budget=by_budget
+        )
 
     def _held(self) -> dict[str, Any]:
         return {"reservation_id": self.reservation_id, "budget_ids": self.budget_ids}
@@ -236,6 +242,7 @@ class Spend:
         budget_ids: list[UUID],
         ceiling_left_usd: float | None = None,
         run_id: UUID | None = None,
+        task_id: UUID | None = None,
     ) -> Meter:
         """Reserve in the store for a call about to be made (raises BudgetExceeded when there
         is no room)."""
@@ -246,6 +253,7 @@ class Spend:
             ceiling_left_usd=ceiling_left_usd,
             run_id=run_id,
         )
+        meter.task_id = task_id
         try:
             await self.start(meter, request)
         except BudgetExceeded:
@@ -283,6 +291,7 @@ class Spend:
                 reservation_id=meter.reservation_id,
                 run_id=meter.run_id,
                 api_key_id=meter.api_key_id,
+                override_task_id=meter.task_id,
             )
             await budget_store.record_crossings(conn, meter.workspace_id, grant.crossings, now)
         return grant.granted_usd
@@ -319,6 +328,7 @@ class RunSpend:
             budget_ids=budget_ids,
             ceiling_left_usd=ceiling_left_usd,
             run_id=run.id,
+            task_id=run.task_id,
         )
 
 

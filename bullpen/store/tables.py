@@ -193,6 +193,9 @@ tasks = sa.Table(
     sa.Column("dependencies", sa.Integer, nullable=False, server_default="0"),
     sa.Column("dependents", sa.Integer, nullable=False, server_default="0"),
     sa.Column("steps", sa.Integer, nullable=False, server_default="0"),
+    # What an approver's one-off budget override still lets the task's runs spend past their
+    # budgets (migration 0017; NULL: none).
+    sa.Column("budget_override_usd", sa.Float),
     sa.UniqueConstraint("workspace_id", "number", name="uq_tasks_workspace_number"),
     sa.UniqueConstraint("parent_id", "origin_key", name="uq_tasks_parent_origin"),
     sa.Index("ix_tasks_parent", "parent_id"),

@@ -193,6 +193,8 @@ def _excused(error: Any, case: Any) -> bool:
         return isinstance(model, str) and not model.isprintable()
     if error.get("code") == "scope_target" and case.path == "/api/v1/budgets":
         return True  # which target field a budget needs depends on its `scope`
+    if error.get("code") == "amount_kind" and case.path.startswith("/api/v1/approvals/"):
+        return True  # whether an approval takes `amount_usd` depends on its kind
     if where in (("body", "cron"), ("body", "timezone")):
         return _refused_schedule(where[1], case.body)
     return False
