@@ -86,6 +86,7 @@ class Meter:
     prompt_usd: float = 0.0
     task_id: UUID | None = None  # a run's task: a budget override approved for it applies
     by_ceiling: bool = False  # the run's ceiling, not a budget, bounded the last grant
+    exhausted: bool = False  # a reservation got nothing: the call ends with its allowance
     _token_usd: float = field(default=0.0)
 
     async def start(self, prompt_tokens: int, first_slice: int) -> None:
@@ -101,13 +102,20 @@ class Meter:
         self.allowance_tokens = left / self._token_usd if self._token_usd > 0 else math.inf
 
     async def need(self, output_tokens: int) -> None:
-        """Make sure `output_tokens` of output are reserved; stop the call if they cannot be."""
-        while output_tokens > self.allowance_tokens:
+        """Make sure `output_tokens` of output are reserved, and half a slice more: the next
+        slice is asked for while the call still has that much left, so output arriving while
+        the reservation is made is covered. Stop the call once its output passes what is
+        reserved and no more can be."""
+        ahead = self.slice_tokens / 2
+        while output_tokens > self.allowance_tokens - ahead and not self.exhausted:
             granted = await self._grant(self.slice_tokens * self._token_usd)
             more = granted / self._token_usd
             if more < 1:
-                raise self._refusal(before=False)
-            self.allowance_tokens += more
+                self.exhausted = True  # asked once in vain: no more reservations for it
+            else:
+                self.allowance_tokens += more
+        if output_tokens > self.allowance_tokens:
+            raise self._refusal(before=False)
 
     async def _grant(self, want_usd: float) -> float:
         granted = want_usd
@@ -401,6 +409,7 @@ class RelayBudgets:
         self._tick_s = tick_s
         self._pools: dict[tuple[UUID, tuple[UUID, ...]], _Pool] = {}
         self._task: asyncio.Task[None] | None = None
+        self._restocking: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> RelayBudgets:
         self._task = asyncio.create_task(self._tend(), name="relay-budget-pools")
@@ -411,6 +420,8 @@ class RelayBudgets:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._restocking:
+            await asyncio.wait(self._restocking)
         for pool in list(self._pools.values()):
             with contextlib.suppress(BullpenError):
                 await self._give_back(pool)
@@ -457,7 +468,22 @@ class RelayBudgets:
                     await self._top_up(pool, short, want_usd * self._stock_slices)
         granted = max(0.0, min(want_usd, pool.held_usd - pool.drawn_usd))
         pool.drawn_usd += granted
+        stock = want_usd * self._stock_slices
+        if granted and pool.held_usd - pool.drawn_usd < stock / 2 and not pool.lock.locked():
+            # Restock ahead, off this call's path: calls waiting on a top-up read nothing, and
+            # what their providers stream meanwhile arrives in one large read.
+            task = asyncio.create_task(self._restock(pool, stock), name="relay-budget-restock")
+            self._restocking.add(task)
+            task.add_done_callback(self._restocking.discard)
         return granted
+
+    async def _restock(self, pool: _Pool, stock_usd: float) -> None:
+        try:
+            async with pool.lock:
+                if not pool.closed and pool.held_usd - pool.drawn_usd < stock_usd / 2:
+                    await self._top_up(pool, 0.0, stock_usd)
+        except BullpenError as err:  # the database is away: the next draw tries again
+            log.warning("could not restock a relay budget pool: %s", err.detail)
 
     async def _top_up(self, pool: _Pool, need_usd: float, stock_usd: float) -> None:
         now = self._clock()
