@@ -1,0 +1,553 @@
+"""MCP servers' tools for `llm` agents: list them, call them, over the official `mcp` SDK.
+
+A workspace's server is reached one of two ways:
+
+- `http` (streamable HTTP): its URL with its headers (opened from their sealed form only
+  here). Every connection goes through the outbound guard: the host is resolved once, each
+  address must be allowed (`BULLPEN_OUTBOUND_ALLOW`), and the connection goes to a checked
+  address, never to the name (`GuardedBackend`); the SDK follows a redirect only on the same
+  origin. Proxies from the worker's environment are not used.
+- `stdio`: a command on the operator's allow-list (`BULLPEN_PROCESS_ALLOW`, checked again at
+  every connection), started in a fresh temporary directory (removed afterwards) with the same
+  clean environment as a `process` agent's command: `PATH=/usr/local/bin:/usr/bin:/bin`,
+  `LANG=C.UTF-8`, `HOME` (that directory) and the server's `env` (names on
+  `BULLPEN_PROCESS_ENV_ALLOW`); nothing of the worker's own environment. Its stderr is
+  discarded. The SDK ends the server's process tree when the session closes.
+
+Each listing or call opens a session, does its one request within the server's `timeout_s`,
+and closes it. Tool listings are cached per server (and per change of the server) for
+`ttl_s`. A failure to reach or use a server is `McpUnavailable`; its message never holds a
+header value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import tempfile
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from uuid import UUID
+
+import anyio
+import httpcore2
+import httpx2
+import orjson
+from aiohttp.abc import AbstractResolver
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.types import PaginatedRequestParams
+
+from bullpen.agents.process import ALLOW_SETTING, BASE_PATH
+from bullpen.agents.process_env import ENV_ALLOW_SETTING, EnvAllow
+from bullpen.errors import BullpenError, InvalidInput
+from bullpen.security.outbound import AddressGuard, OutboundAllow, OutboundRefused, check_url
+
+SERVER_NAME = r"^[a-z0-9][a-z0-9-]{0,31}$"  # no `_`: `<server>__<tool>` splits unambiguously
+SEPARATOR = "__"
+WIRE_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # a function name as OpenAI-style models take it
+TOOLS_MAX = 128  # tools taken from one server's listing
+_ENV_UNSET = ("LOGNAME", "SHELL", "TERM", "USER")  # what the SDK would pass on otherwise
+
+
+class McpUnavailable(BullpenError):
+    """An MCP server could not be reached, or did not answer as MCP servers do."""
+
+    status = 502
+    slug = "mcp-server-unavailable"
+    title = "MCP server unavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class McpServer:
+    """A server as the worker uses it: its headers opened."""
+
+    id: str
+    version: str  # changes whenever the server is changed (its listing is then fetched again)
+    name: str
+    transport: str  # http | stdio
+    url: str | None
+    headers: dict[str, str] = field(repr=False)
+    command: list[str] | None
+    env: dict[str, str]
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class McpTool:
+    """One tool a server lists."""
+
+    server: str
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+    @property
+    def wire_name(self) -> str:
+        """The name the model calls it by: `<server>__<tool>`."""
+        return f"{self.server}{SEPARATOR}{self.name}"
+
+
+def split_name(wire_name: str) -> tuple[str, str] | None:
+    """`(server, tool)` of an MCP tool's wire name, or None for a built-in tool's name."""
+    server, sep, tool = wire_name.partition(SEPARATOR)
+    if not sep or not tool or re.fullmatch(SERVER_NAME, server) is None:
+        return None
+    return server, tool
+
+
+def stdio_environment(env: dict[str, str], home: str) -> dict[str, str]:
+    """A stdio server's environment, as a `process` agent's command gets it."""
+    return {"PATH": BASE_PATH, "LANG": "C.UTF-8", **env, "HOME": home}
+
+
+def check_stdio(
+    command: list[str], env: Iterable[str], allow: Collection[str], env_allow: EnvAllow
+) -> None:
+    """Refuse a command off the operator's allow-list, or an environment name off its list."""
+    if not allow:
+        raise InvalidInput(f"stdio MCP servers are off on this server: {ALLOW_SETTING} is empty")
+    if command[0] not in allow:
+        raise InvalidInput(f"{command[0]!r} is not an executable {ALLOW_SETTING} allows")
+    refused = sorted(name for name in env if not env_allow.allows(name))
+    if refused:
+        raise InvalidInput(f"{ENV_ALLOW_SETTING} does not allow {', '.join(refused)}")
+
+
+class ServersPort(Protocol):
+    """Where the tool loop finds a workspace's servers (`services.mcp.McpDirectory`)."""
+
+    async def servers(self, workspace_id: UUID, names: Collection[str]) -> dict[str, McpServer]:
+        """The named servers that exist, by name, their headers opened."""
+
+
+class GuardedBackend(httpcore2.AsyncNetworkBackend):
+    """Connects only to addresses the outbound guard allows: the one it checked."""
+
+    def __init__(self, guard: AddressGuard) -> None:
+        self._guard = guard
+        self._inner = httpcore2.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore2.AsyncNetworkStream:
+        """Resolve and check `host`, then connect to one of its checked addresses."""
+        checked = await self._guard.check(host.strip("[]"), port)
+        last: Exception | None = None
+        for _family, address in checked.addresses:
+            try:
+                return await self._inner.connect_tcp(
+                    address, port, timeout, local_address, socket_options
+                )
+            except (httpcore2.ConnectError, httpcore2.ConnectTimeout) as err:
+                last = err
+        assert last is not None
+        raise last
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore2.AsyncNetworkStream:
+        """Never: MCP servers are reached over TCP."""
+        raise httpcore2.ConnectError("unix sockets are not used")
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep as the inner backend does."""
+        await self._inner.sleep(seconds)
+
+
+class _GuardedTransport(httpx2.AsyncHTTPTransport):
+    """httpx2's transport over a pool that connects through `GuardedBackend`, no proxies."""
+
+    def __init__(self, guard: AddressGuard) -> None:
+        super().__init__(trust_env=False)
+        self._pool = httpcore2.AsyncConnectionPool(
+            ssl_context=httpx2.create_ssl_context(trust_env=False),
+            max_connections=4,
+            network_backend=GuardedBackend(guard),
+        )
+
+
+class McpClient:
+    """Lists and calls MCP servers' tools for `llm` agents (one per worker)."""
+
+    def __init__(
+        self,
+        outbound: OutboundAllow,
+        *,
+        process_allow: Collection[str],
+        env_allow: EnvAllow,
+        ttl_s: float,
+        clock: Callable[[], float],
+        resolver: AbstractResolver | None = None,
+    ) -> None:
+        self._outbound = outbound
+        self._guard = AddressGuard(outbound, resolver)
+        self._process_allow = frozenset(process_allow)
+        self._env_allow = env_allow
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._listed: dict[tuple[str, str], tuple[float, list[McpTool]]] = {}
+
+    async def close(self) -> None:
+        """Close the resolver the guard may hold."""
+        await self._guard.close()
+
+    async def tools(self, server: McpServer, *, fresh: bool = False) -> list[McpTool]:
+        """The server's tools (cached for the TTL unless `fresh`); McpUnavailable if it cannot
+        be listed."""
+        key = (server.id, server.version)
+        found = self._listed.get(key)
+        if not fresh and found is not None and found[0] > self._clock():
+            return found[1]
+        tools: list[McpTool] = []
+
+        async def listing(session: ClientSession) -> None:
+            cursor: str | None = None
+            while len(tools) < TOOLS_MAX:
+                params = None if cursor is None else PaginatedRequestParams(cursor=cursor)
+                page = await session.list_tools(params=params)
+                for tool in page.tools:
+                    schema = tool.input_schema if isinstance(tool.input_schema, dict) else {}
+                    tools.append(McpTool(server.name, tool.name, tool.description or "", schema))
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+
+        await self._with_session(server, listing, "list the tools of")
+        listed = tools[:TOOLS_MAX]
+        self._listed = {k: v for k, v in self._listed.items() if k[0] != server.id}
+        self._listed[key] = (self._clock() + self._ttl_s, listed)
+        return listed
+
+    async def call(
+        self, server: McpServer, tool: str, arguments: dict[str, Any], *, result_max_chars: int
+    ) -> tuple[str, bool]:
+        """Call a tool: its result as text (cut at `result_max_chars`) and whether the tool
+        reported an error. McpUnavailable when the server cannot be reached or times out."""
+        out: list[tuple[str, bool]] = []
+
+        async def calling(session: ClientSession) -> None:
+            result = await session.call_tool(tool, arguments)
+            out.append((_text(result), bool(result.is_error)))
+
+        await self._with_session(server, calling, f"call {tool!r} on")
+        text, failed = out[0]
+        if len(text) > result_max_chars:
+            text = (
+                text[:result_max_chars]
+                + f"\n[… result cut at {result_max_chars} characters of {len(text)} …]"
+            )
+        return text, failed
+
+    async def _with_session(
+        self, server: McpServer, work: Callable[[ClientSession], Any], what: str
+    ) -> None:
+        """Open a session to the server, run `work` in it, close it, all within its timeout."""
+        failure: str | None = None
+        try:
+            with anyio.fail_after(server.timeout_s):
+                async with self._session(server) as session:
+                    await work(session)
+        except TimeoutError:
+            failure = f"no answer within {server.timeout_s:g} s"
+        except (OutboundRefused, InvalidInput) as err:
+            failure = err.detail
+        except MCPError as err:
+            failure = f"the server answered with an error: {_short(str(err))}"
+        except Exception as err:  # the SDK and its transports raise many kinds, often grouped
+            failure = _describe(err)
+        if failure is not None:
+            raise McpUnavailable(f"could not {what} MCP server {server.name!r}: {failure}")
+
+    @contextlib.asynccontextmanager
+    async def _session(self, server: McpServer) -> AsyncIterator[ClientSession]:
+        async with contextlib.AsyncExitStack() as stack:
+            if server.transport == "http":
+                assert server.url is not None
+                check_url(server.url, self._outbound)
+                http = await stack.enter_async_context(
+                    httpx2.AsyncClient(
+                        headers=server.headers,
+                        transport=_GuardedTransport(self._guard),
+                        timeout=httpx2.Timeout(server.timeout_s),
+                        trust_env=False,
+                    )
+                )
+                read, write = await stack.enter_async_context(
+                    streamable_http_client(server.url, http_client=http)
+                )
+            else:
+                assert server.command is not None
+                check_stdio(server.command, server.env, self._process_allow, self._env_allow)
+                home = stack.enter_context(tempfile.TemporaryDirectory(prefix="bullpen-mcp-"))
+                # /dev/null: opening it does not block
+                errlog = stack.enter_context(open(os.devnull, "w"))  # noqa: ASYNC230
+                # `env -u` drops what the SDK adds from the worker's environment; the rest of
+                # the environment is ours (values never on a command line).
+                unset = [arg for name in _ENV_UNSET for arg in ("-u", name)]
+                params = StdioServerParameters(
+                    command="/usr/bin/env",
+                    args=[*unset, "--", *server.command],
+                    env=stdio_environment(server.env, home),
+                    cwd=home,
+                )
+                read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
+            session = await stack.enter_async_context(ClientSession(read, write))
+            await session.initialize()
+            yield session
+
+
+def _text(result: Any) -> str:
+    """A tool result as the model reads it: its text blocks, else its structured content."""
+    parts: list[str] = []
+    for block in result.content or []:
+        kind = getattr(block, "type", "")
+        if kind == "text":
+            parts.append(block.text)
+        elif kind in ("image", "audio"):
+            parts.append(f"[{kind}: {getattr(block, 'mime_type', '')}]")
+        elif kind == "resource_link":
+            parts.append(f"[resource: {getattr(block, 'uri', '')}]")
+        elif kind == "resource":
+            inner = getattr(block, "resource", None)
+            parts.append(
+                str(getattr(inner, "text", "") or f"[resource: {getattr(inner, 'uri', '')}]")
+            )
+    if not parts and result.structured_content is not None:
+        parts.append(orjson.dumps(result.structured_content).decode())
+    return "\n".join(parts)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
+def _describe(err: BaseException) -> str:
+    """One line for a failure, from the innermost exception of a group."""
+    while isinstance(err, BaseExceptionGroup) and err.exceptions:
+        err = err.exceptions[0]
+    if isinstance(err, OutboundRefused):
+        return err.detail
+    if isinstance(err, (httpx2.ConnectError, ConnectionError, socket.gaierror)):
+        return f"could not connect ({type(err).__name__})"
+    if isinstance(err, httpx2.HTTPStatusError):
+        return f"HTTP {err.response.status_code}"
+    if isinstance(err, FileNotFoundError | PermissionError):
+        return f"could not start the command ({type(err).__name__})"
+    return f"{type(err).__name__}: {_short(str(err))}" if str(err) else type(err).__name__
+
+
+# ---- what an agent may use, and the tool loop's side ----------------------------------------
+
+INTERRUPTED = (
+    "error: this call was interrupted (the worker stopped while it ran) and is not made again; "
+    "whether it took effect is unknown"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ArgLimit:
+    """Limits on one argument of a tool call, checked before the call is made."""
+
+    max_length: int | None = None  # strings (and the JSON text of other values)
+    minimum: float | None = None
+    maximum: float | None = None
+    enum: tuple[Any, ...] | None = None
+
+    def refusal(self, name: str, value: Any) -> str | None:
+        """Why `value` is refused, or None."""
+        if self.enum is not None and value not in self.enum:
+            return f"'{name}' must be one of {orjson.dumps(list(self.enum)).decode()}"
+        if self.max_length is not None:
+            size = len(value) if isinstance(value, str) else len(orjson.dumps(value))
+            if size > self.max_length:
+                return f"'{name}' is longer than {self.max_length} characters"
+        if self.minimum is not None or self.maximum is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return f"'{name}' must be a number"
+            if self.minimum is not None and value < self.minimum:
+                return f"'{name}' must be at least {self.minimum:g}"
+            if self.maximum is not None and value > self.maximum:
+                return f"'{name}' must be at most {self.maximum:g}"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolLimits:
+    """Limits on a tool's calls: the arguments' JSON size, and per argument."""
+
+    max_chars: int | None = None
+    arguments: dict[str, ArgLimit] = field(default_factory=dict)
+
+    def refusal(self, text: str, arguments: dict[str, Any]) -> str | None:
+        """Why a call with these arguments is refused, or None."""
+        if self.max_chars is not None and len(text) > self.max_chars:
+            return f"the arguments are longer than {self.max_chars} characters"
+        for name, limit in self.arguments.items():
+            if name in arguments and (why := limit.refusal(name, arguments[name])) is not None:
+                return why
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A server an agent may use, the tools it may call there and their limits."""
+
+    server: str
+    tools: frozenset[str]
+    limits: dict[str, ToolLimits] = field(default_factory=dict)
+
+
+GRANTS_MAX, GRANT_TOOLS_MAX = 16, 64
+
+
+def parse_grants(value: Any) -> tuple[Grant, ...]:
+    """An `llm` agent's stored `mcp` config, checked (BullpenError when malformed)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > GRANTS_MAX:
+        raise BullpenError(f"agent config 'mcp' must be a list of at most {GRANTS_MAX} servers")
+    grants: list[Grant] = []
+    for item in value:
+        server = item.get("server") if isinstance(item, dict) else None
+        tools = item.get("tools") if isinstance(item, dict) else None
+        if (
+            not isinstance(server, str)
+            or re.fullmatch(SERVER_NAME, server) is None
+            or not isinstance(tools, list)
+            or not 0 < len(tools) <= GRANT_TOOLS_MAX
+            or not all(isinstance(t, str) and 0 < len(t) <= 64 for t in tools)
+        ):
+            raise BullpenError(
+                "each of agent config 'mcp' needs a 'server' name and a list of 'tools'"
+            )
+        limits: dict[str, ToolLimits] = {}
+        for tool, raw in (item.get("limits") or {}).items():
+            if tool not in tools or not isinstance(raw, dict):
+                raise BullpenError(f"agent config 'mcp' limits name {tool!r}, not an allowed tool")
+            arguments = {
+                name: ArgLimit(
+                    max_length=spec.get("max_length"),
+                    minimum=spec.get("minimum"),
+                    maximum=spec.get("maximum"),
+                    enum=tuple(spec["enum"]) if spec.get("enum") is not None else None,
+                )
+                for name, spec in (raw.get("arguments") or {}).items()
+            }
+            limits[tool] = ToolLimits(max_chars=raw.get("max_chars"), arguments=arguments)
+        grants.append(Grant(server, frozenset(tools), limits))
+    if len({g.server for g in grants}) != len(grants):
+        raise BullpenError("agent config 'mcp' names a server twice")
+    return tuple(grants)
+
+
+@dataclass(frozen=True, slots=True)
+class Offered:
+    """An MCP tool offered to the model, and how to call it."""
+
+    server: McpServer
+    tool: McpTool
+    limits: ToolLimits | None
+
+
+@dataclass(slots=True)
+class Toolbox:
+    """The MCP tools a run offers: their specs for the model, by wire name."""
+
+    specs: list[dict[str, Any]] = field(default_factory=list)
+    offered: dict[str, Offered] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # servers that could not be listed
+
+
+class McpTools:
+    """The tool loop's MCP side: what an agent may call, and calling it."""
+
+    def __init__(self, servers: ServersPort, client: McpClient, *, result_max_chars: int) -> None:
+        self._servers = servers
+        self._client = client
+        self._result_max_chars = result_max_chars
+
+    async def toolbox(self, workspace_id: UUID, grants: tuple[Grant, ...]) -> Toolbox:
+        """The allowed tools of the agent's servers (a server that cannot be listed is left
+        out and named in `problems`; the run goes on without its tools)."""
+        box = Toolbox()
+        if not grants:
+            return box
+        servers = await self._servers.servers(workspace_id, [g.server for g in grants])
+        for grant in grants:
+            server = servers.get(grant.server)
+            if server is None:
+                box.problems.append(f"no MCP server named {grant.server!r} in this workspace")
+                continue
+            try:
+                listed = await self._client.tools(server)
+            except McpUnavailable as err:
+                box.problems.append(err.detail)
+                continue
+            for tool in listed:
+                wire = tool.wire_name
+                if tool.name not in grant.tools or re.fullmatch(WIRE_NAME, wire) is None:
+                    continue
+                if wire in box.offered:
+                    continue  # a duplicate in one listing: the first one stands
+                box.offered[wire] = Offered(server, tool, grant.limits.get(tool.name))
+                box.specs.append(_spec(tool))
+        return box
+
+    async def call(self, offered: Offered, arguments_text: str) -> str:
+        """Make the call: its result, or `error: …` for the model (never raises for a tool's
+        or a server's failure)."""
+        try:
+            arguments = orjson.loads(arguments_text or "{}")
+        except orjson.JSONDecodeError as exc:
+            return f"error: the arguments are not JSON ({exc})"
+        if not isinstance(arguments, dict):
+            return "error: the arguments must be a JSON object"
+        if offered.limits is not None:
+            why = offered.limits.refusal(arguments_text, arguments)
+            if why is not None:
+                return f"error: refused by this agent's limits: {why}"
+        try:
+            text, failed = await self._client.call(
+                offered.server,
+                offered.tool.name,
+                arguments,
+                result_max_chars=self._result_max_chars,
+            )
+        except McpUnavailable as err:
+            return f"error: {err.detail}"
+        return f"error: {text}" if failed else text
+
+
+def refusal(name: str) -> str | None:
+    """The result of a call to an MCP-shaped name the agent may not use, or None."""
+    found = split_name(name)
+    if found is None:
+        return None
+    return f"error: {found[1]!r} of MCP server {found[0]!r} is not a tool this agent may use"
+
+
+def _spec(tool: McpTool) -> dict[str, Any]:
+    schema = dict(tool.input_schema) if tool.input_schema else {}
+    schema.setdefault("type", "object")
+    schema.setdefault("properties", {})
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.wire_name,
+            "description": (tool.description or f"{tool.name} (MCP server {tool.server})")[:1024],
+            "parameters": schema,
+        },
+    }
