@@ -414,43 +414,53 @@ GRANTS_MAX, GRANT_TOOLS_MAX = 16, 64
 
 
 def parse_grants(value: Any) -> tuple[Grant, ...]:
-    """An `llm` agent's stored `mcp` config, checked (BullpenError when malformed)."""
+    """An `llm` agent's stored `mcp` config, checked (BullpenError when malformed). A tool is
+    a name, or `{"name", "max_chars", "arguments": {name: {"max_length", "minimum",
+    "maximum", "enum"}}}`; a server or a tool named twice is merged (the later limits win)."""
     if value is None:
         return ()
     if not isinstance(value, list) or len(value) > GRANTS_MAX:
         raise BullpenError(f"agent config 'mcp' must be a list of at most {GRANTS_MAX} servers")
-    grants: list[Grant] = []
+    tools: dict[str, set[str]] = {}
+    limits: dict[str, dict[str, ToolLimits]] = {}
     for item in value:
         server = item.get("server") if isinstance(item, dict) else None
-        tools = item.get("tools") if isinstance(item, dict) else None
+        listed = item.get("tools") if isinstance(item, dict) else None
         if (
             not isinstance(server, str)
             or re.fullmatch(SERVER_NAME, server) is None
-            or not isinstance(tools, list)
-            or not 0 < len(tools) <= GRANT_TOOLS_MAX
-            or not all(isinstance(t, str) and 0 < len(t) <= 64 for t in tools)
+            or not isinstance(listed, list)
+            or not listed
         ):
-            raise BullpenError(
-                "each of agent config 'mcp' needs a 'server' name and a list of 'tools'"
+            raise BullpenError("each of agent config 'mcp' needs a 'server' and a list of 'tools'")
+        for entry in listed:
+            name = entry.get("name") if isinstance(entry, dict) else entry
+            if not isinstance(name, str) or not name:
+                raise BullpenError("each tool of agent config 'mcp' needs a name")
+            tools.setdefault(server, set()).add(name)
+            if isinstance(entry, dict):
+                limits.setdefault(server, {})[name] = _tool_limits(entry)
+    return tuple(
+        Grant(server, frozenset(names), limits.get(server, {})) for server, names in tools.items()
+    )
+
+
+def _tool_limits(entry: dict[str, Any]) -> ToolLimits:
+    arguments = entry.get("arguments") or {}
+    if not isinstance(arguments, dict) or not all(isinstance(v, dict) for v in arguments.values()):
+        raise BullpenError("agent config 'mcp': a tool's 'arguments' maps names to limits")
+    return ToolLimits(
+        max_chars=entry.get("max_chars"),
+        arguments={
+            name: ArgLimit(
+                max_length=spec.get("max_length"),
+                minimum=spec.get("minimum"),
+                maximum=spec.get("maximum"),
+                enum=tuple(spec["enum"]) if spec.get("enum") is not None else None,
             )
-        limits: dict[str, ToolLimits] = {}
-        for tool, raw in (item.get("limits") or {}).items():
-            if tool not in tools or not isinstance(raw, dict):
-                raise BullpenError(f"agent config 'mcp' limits name {tool!r}, not an allowed tool")
-            arguments = {
-                name: ArgLimit(
-                    max_length=spec.get("max_length"),
-                    minimum=spec.get("minimum"),
-                    maximum=spec.get("maximum"),
-                    enum=tuple(spec["enum"]) if spec.get("enum") is not None else None,
-                )
-                for name, spec in (raw.get("arguments") or {}).items()
-            }
-            limits[tool] = ToolLimits(max_chars=raw.get("max_chars"), arguments=arguments)
-        grants.append(Grant(server, frozenset(tools), limits))
-    if len({g.server for g in grants}) != len(grants):
-        raise BullpenError("agent config 'mcp' names a server twice")
-    return tuple(grants)
+            for name, spec in arguments.items()
+        },
+    )
 
 
 @dataclass(frozen=True, slots=True)

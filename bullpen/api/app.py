@@ -25,6 +25,7 @@ from bullpen.api.routes import (
     budgets,
     events,
     invitations,
+    mcp,
     members,
     providers,
     relay,
@@ -80,6 +81,7 @@ API_ROUTERS: list[APIRouter] = [
         events,
         audit,
         providers,
+        mcp,
         budgets,
     )
 ]

@@ -1,0 +1,250 @@
+"""Wire schemas of /api/v1/mcp-servers: MCP servers whose tools `llm` agents may call."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+from uuid import UUID
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+from bullpen.agents.mcp import SERVER_NAME, McpTool
+from bullpen.agents.process import (
+    ARG_MAX_CHARS,
+    COMMAND_MAX_ITEMS,
+    ENV_NAME_MAX_CHARS,
+    ENV_NAME_PATTERN,
+    ENV_VALUE_MAX_CHARS,
+)
+from bullpen.agents.process_env import ENV_MAX_ENTRIES
+from bullpen.api.schemas.common import Strict, optional
+from bullpen.api.schemas.gateway import BaseUrl
+from bullpen.domain.records.mcp import McpServerRecord
+
+HEADERS_MAX = 16
+HEADER_VALUE_MAX = 4096
+TIMEOUT_DEFAULT_S, TIMEOUT_MAX_S = 30.0, 600.0
+# Headers the HTTP client or the MCP transport sets itself.
+RESERVED_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "content-type",
+        "accept",
+        "connection",
+        "transfer-encoding",
+        "te",
+        "upgrade",
+        "keep-alive",
+        "mcp-session-id",
+        "mcp-protocol-version",
+        "last-event-id",
+    }
+)
+
+
+class Transport(StrEnum):
+    """How the server is reached."""
+
+    HTTP = "http"
+    STDIO = "stdio"
+
+
+def _not_reserved(headers: dict[str, Any]) -> dict[str, Any]:
+    taken = sorted(name for name in headers if name.lower() in RESERVED_HEADERS)
+    if taken:
+        raise ValueError(f"set by Bullpen itself, not settable: {', '.join(taken)}")
+    if len({name.lower() for name in headers}) != len(headers):
+        raise ValueError("a header name is given twice (names are case-insensitive)")
+    return headers
+
+
+ServerName = Annotated[str, StringConstraints(pattern=SERVER_NAME)]
+HeaderName = Annotated[
+    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+]
+HeaderValue = Annotated[
+    str,
+    StringConstraints(
+        min_length=1,
+        max_length=HEADER_VALUE_MAX,
+        pattern=r"^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?$",
+    ),
+]
+Headers = Annotated[
+    dict[HeaderName, HeaderValue],
+    Field(
+        max_length=HEADERS_MAX,
+        description="HTTP headers sent with every request (e.g. `Authorization`). Each value "
+        "is a secret: sealed when saved, sent only to this server's origin, never shown again "
+        "(the server shows `header_hints`). Not for `stdio`.",
+    ),
+    AfterValidator(_not_reserved),
+]
+Argument = Annotated[str, StringConstraints(max_length=ARG_MAX_CHARS, pattern=r"^[^\x00]*$")]
+Command = Annotated[
+    list[Argument],
+    Field(
+        min_length=1,
+        max_length=COMMAND_MAX_ITEMS,
+        description="`stdio`: the executable (an absolute path on `BULLPEN_PROCESS_ALLOW`) and "
+        "its arguments, no shell; started as a `process` agent's command is, in a clean "
+        "environment.",
+        json_schema_extra={
+            "prefixItems": [
+                {"type": "string", "maxLength": ARG_MAX_CHARS, "pattern": r"^/[^\x00]*$"}
+            ]
+        },
+    ),
+    AfterValidator(lambda v: _absolute(v)),
+]
+EnvName = Annotated[
+    str, StringConstraints(min_length=1, max_length=ENV_NAME_MAX_CHARS, pattern=ENV_NAME_PATTERN)
+]
+EnvValue = Annotated[str, StringConstraints(max_length=ENV_VALUE_MAX_CHARS, pattern=r"^[^\x00]*$")]
+Env = Annotated[
+    dict[EnvName, EnvValue],
+    Field(
+        max_length=ENV_MAX_ENTRIES,
+        description="`stdio`: environment variables for the command (not secret; names on "
+        "`BULLPEN_PROCESS_ENV_ALLOW`).",
+    ),
+]
+Timeout = Annotated[float, Field(gt=0, le=TIMEOUT_MAX_S, allow_inf_nan=False, strict=True)]
+
+
+def _absolute(command: list[str]) -> list[str]:
+    if not command[0].startswith("/"):
+        raise ValueError("command[0] must be the executable's absolute path")
+    return command
+
+
+class McpServerCreate(Strict):
+    """A new MCP server: `http` (streamable HTTP) with `url`, or `stdio` with `command`."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "files",
+                    "transport": "http",
+                    "url": "https://mcp.example.com/mcp",
+                    "headers": {"Authorization": "Bearer …"},
+                },
+                {"name": "git", "transport": "stdio", "command": ["/usr/local/bin/mcp-git"]},
+            ]
+        },
+    )
+
+    name: ServerName = Field(
+        examples=["files"],
+        description="Lower-case letters, digits and `-`, up to 32: tools are offered to models "
+        "as `<name>__<tool>`.",
+    )
+    transport: Transport
+    url: BaseUrl | None = Field(
+        default=None,
+        description="`http`: the server's MCP endpoint. Non-public addresses are refused (here "
+        "and whenever the host resolves to one) unless BULLPEN_OUTBOUND_ALLOW names them.",
+    )
+    headers: Headers | None = None
+    command: Command | None = None
+    env: Env | None = None
+    timeout_s: Timeout = Field(
+        default=TIMEOUT_DEFAULT_S,
+        description="Each listing or tool call, connecting included, fails after this long; "
+        "a call's failure is returned to the model as a tool error.",
+    )
+
+    def values(self) -> dict[str, Any]:
+        """The fields as the service takes them."""
+        return {
+            "name": self.name,
+            "transport": self.transport.value,
+            "url": self.url,
+            "headers": self.headers or {},
+            "command": self.command,
+            "env": self.env or {},
+            "timeout_s": self.timeout_s,
+        }
+
+
+class McpServerUpdate(Strict):
+    """Only the fields sent change; the transport cannot."""
+
+    name: ServerName = optional()
+    url: BaseUrl = optional("`http` only.")
+    headers: Headers = optional(
+        "Replaces every header (`{}` removes them). Needed again when `url` moves to another "
+        "scheme, host or port (422 `mcp-headers-required`)."
+    )
+    command: Command = optional("`stdio` only.")
+    env: Env = optional("`stdio` only; replaces the environment.")
+    timeout_s: Timeout = optional()
+
+
+class McpServerPublic(BaseModel):
+    """An MCP server as the API shows it: its header values only as hints."""
+
+    id: UUID
+    name: str
+    transport: Transport
+    url: str | None
+    header_hints: dict[str, str] = Field(
+        examples=[{"Authorization": "Bea…a1b2"}],
+        description="Each header's name and the first and last characters of its value",
+    )
+    command: list[str] | None
+    env: dict[str, str]
+    timeout_s: float
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: McpServerRecord) -> McpServerPublic:
+        """Build from an `mcp_servers` row."""
+        return cls(
+            id=row.id,
+            name=row.name,
+            transport=Transport(row.transport),
+            url=row.url,
+            header_hints=row.header_hints,
+            command=row.command,
+            env=row.env,
+            timeout_s=row.timeout_s,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+
+class McpServerList(BaseModel):
+    """The workspace's MCP servers by name."""
+
+    items: list[McpServerPublic]
+
+
+class McpToolPublic(BaseModel):
+    """A tool the server lists."""
+
+    name: str
+    wire_name: str = Field(description="The name models call it by: `<server>__<tool>`")
+    description: str
+    input_schema: dict[str, Any]
+
+    @classmethod
+    def of(cls, tool: McpTool) -> McpToolPublic:
+        """Build from a listed tool."""
+        return cls(
+            name=tool.name,
+            wire_name=tool.wire_name,
+            description=tool.description,
+            input_schema=tool.input_schema,
+        )
+
+
+class McpToolList(BaseModel):
+    """What a server lists now."""
+
+    items: list[McpToolPublic]
