@@ -189,7 +189,8 @@ class LlmAgentConfig(Strict):
         default=None,
         description="Tools (e.g. `delegate`, or an MCP tool as `<server>__<tool>`) whose "
         "calls wait for an approval: the run pauses at the call (the task "
-        "`awaiting_approval`) and resumes there after the decision; a denied call's result tells the model it was denied, and why.",
+        "`awaiting_approval`) and resumes there after the decision; a denied call's result "
+        "tells the model it was denied, and why.",
     )
     mcp: Annotated[list[McpGrantIn], Field(max_length=GRANTS_MAX)] | None = Field(
         default=None,
