@@ -111,6 +111,7 @@ class Services:
     budgets: BudgetService
     gateway_config: GatewayConfig
     mcp: McpService
+    mcp_tools: McpTools  # the tool loop's MCP side (the worker's `llm` adapter holds it)
     limits: CallerLimits
     metrics: CollectorRegistry
     clock: Callable[[], datetime]
@@ -384,6 +385,7 @@ async def build(
             spend=spend,
             budgets=BudgetService(store, clock, spend),
             gateway_config=GatewayConfig(store, box, directory, clock, defaults, outbound),
+            mcp_tools=mcp_tools,
             mcp=McpService(
                 store,
                 box,

@@ -83,20 +83,21 @@ Headers = Annotated[
     AfterValidator(_not_reserved),
 ]
 Argument = Annotated[str, StringConstraints(max_length=ARG_MAX_CHARS, pattern=r"^[^\x00]*$")]
+_EXECUTABLE = {"type": "string", "maxLength": ARG_MAX_CHARS, "pattern": r"^/[^\x00]*$"}
+_COMMAND_DOC = (
+    "`stdio`: the executable (an absolute path on `BULLPEN_PROCESS_ALLOW`) and its arguments, "
+    "no shell; started as a `process` agent's command is, in a clean environment."
+)
+
+
+def _command_schema(schema: dict[str, Any]) -> None:
+    schema["prefixItems"] = [_EXECUTABLE]  # the first item is the executable: absolute
+    schema.pop("default", None)  # a PATCH field: may be left out, `null` is refused
+
+
 Command = Annotated[
     list[Argument],
-    Field(
-        min_length=1,
-        max_length=COMMAND_MAX_ITEMS,
-        description="`stdio`: the executable (an absolute path on `BULLPEN_PROCESS_ALLOW`) and "
-        "its arguments, no shell; started as a `process` agent's command is, in a clean "
-        "environment.",
-        json_schema_extra={
-            "prefixItems": [
-                {"type": "string", "maxLength": ARG_MAX_CHARS, "pattern": r"^/[^\x00]*$"}
-            ]
-        },
-    ),
+    Field(min_length=1, max_length=COMMAND_MAX_ITEMS),
     AfterValidator(lambda v: _absolute(v)),
 ]
 EnvName = Annotated[
@@ -150,7 +151,11 @@ class McpServerCreate(Strict):
         "and whenever the host resolves to one) unless BULLPEN_OUTBOUND_ALLOW names them.",
     )
     headers: Headers | None = None
-    command: Command | None = None
+    command: Command | None = Field(
+        default=None,
+        description=_COMMAND_DOC,
+        json_schema_extra={"prefixItems": [_EXECUTABLE]},
+    )
     env: Env | None = None
     timeout_s: Timeout = Field(
         default=TIMEOUT_DEFAULT_S,
@@ -180,7 +185,9 @@ class McpServerUpdate(Strict):
         "Replaces every header (`{}` removes them). Needed again when `url` moves to another "
         "scheme, host or port (422 `mcp-headers-required`)."
     )
-    command: Command = optional("`stdio` only.")
+    command: Command = Field(
+        default=None, description=_COMMAND_DOC, json_schema_extra=_command_schema
+    )
     env: Env = optional("`stdio` only; replaces the environment.")
     timeout_s: Timeout = optional()
 
