@@ -123,6 +123,7 @@ class Tenant:
     route_id: str
     routine_ids: list[str]  # several: each DELETE consumes one, the others keep answering
     budget_ids: list[str]
+    mcp_server_ids: list[str]
     workspace_id: str
     member_id: str
     user_id: str
@@ -168,8 +169,17 @@ async def _seed(server: RunningServer) -> Tenant:
         # Routines of the seeded agent (one slot a year: they never fire during the run), and
         # budgets too large to stop anything. Several of each, so that a DELETE early in the run
         # leaves the later cases of the other operations something to find.
-        routine_ids, budget_ids = [], []
+        routine_ids, budget_ids, mcp_server_ids = [], [], []
         for n in range(SEEDED_PER_KIND):
+            mcp_body = {
+                "name": f"fuzz-mcp-{n}",
+                "transport": "http",
+                "url": "http://127.0.0.1:9/mcp",  # closed: a test of it is a fast 502
+                "headers": {"Authorization": "Bearer fuzz-header"},
+            }
+            async with http.post(f"{server.base_url}/api/v1/mcp-servers", json=mcp_body) as resp:
+                assert resp.status == 201, await resp.text()
+                mcp_server_ids.append((await resp.json())["id"])
             routine = {
                 "name": f"fuzz-routine-{n}",
                 "agent_id": str(server.boot.agent_id),
@@ -258,6 +268,7 @@ async def _seed(server: RunningServer) -> Tenant:
         route_id=route_id,
         routine_ids=routine_ids,
         budget_ids=budget_ids,
+        mcp_server_ids=mcp_server_ids,
         workspace_id=str(server.boot.workspace_id),
         member_id=str(member_id),
         user_id=str(boot_user),
@@ -334,6 +345,9 @@ values = [{_quoted(tenant.routine_ids)}]
 [dictionaries.seeded_budget]
 values = [{_quoted(tenant.budget_ids)}]
 
+[dictionaries.seeded_mcp_server]
+values = [{_quoted(tenant.mcp_server_ids)}]
+
 [dictionaries.own_workspace]
 values = ["{tenant.workspace_id}"]
 
@@ -358,6 +372,7 @@ values = ["fuzz-route"]
 "path.routine_id" = {{ dictionary = "seeded_routine", probability = 0.5 }}
 "path.budget_id" = {{ dictionary = "seeded_budget", probability = 0.5 }}
 "path.approval_id" = {{ dictionary = "seeded_approval", probability = 0.5 }}
+"path.mcp_server_id" = {{ dictionary = "seeded_mcp_server", probability = 0.5 }}
 # The fuzzer's own workspace (renaming it harms nothing; DELETE gets the doomed one, below).
 "path.workspace_id" = {{ dictionary = "own_workspace", probability = 0.5 }}
 # A member of the fuzzer's workspace (not protected); the workspace to switch to or make a key in.

@@ -52,10 +52,10 @@ async def list_servers(principal: Reader, mcp: McpServers) -> McpServerList:
             McpServerPublic,
             "The MCP server",
             {
-                "GetMcpServer": docs.link("getMcpServer", server_id="$response.body#/id"),
-                "UpdateMcpServer": docs.link("updateMcpServer", server_id="$response.body#/id"),
-                "TestMcpServer": docs.link("testMcpServer", server_id="$response.body#/id"),
-                "DeleteMcpServer": docs.link("deleteMcpServer", server_id="$response.body#/id"),
+                "GetMcpServer": docs.link("getMcpServer", mcp_server_id="$response.body#/id"),
+                "UpdateMcpServer": docs.link("updateMcpServer", mcp_server_id="$response.body#/id"),
+                "TestMcpServer": docs.link("testMcpServer", mcp_server_id="$response.body#/id"),
+                "DeleteMcpServer": docs.link("deleteMcpServer", mcp_server_id="$response.body#/id"),
             },
         ),
         **docs.problems(400, 401, 403, 409, 413, 415, 422, 429, 503),
@@ -78,19 +78,21 @@ async def create_server(
 
 
 @router.get(
-    "/mcp-servers/{server_id}",
+    "/mcp-servers/{mcp_server_id}",
     operation_id="getMcpServer",
     response_model=McpServerPublic,
     responses=docs.problems(*docs.READ),
     summary="Get an MCP server",
 )
-async def get_server(server_id: ServerId, principal: Reader, mcp: McpServers) -> McpServerPublic:
+async def get_server(
+    mcp_server_id: ServerId, principal: Reader, mcp: McpServers
+) -> McpServerPublic:
     """One MCP server of the workspace."""
-    return McpServerPublic.from_row(await mcp.get(principal, server_id))
+    return McpServerPublic.from_row(await mcp.get(principal, mcp_server_id))
 
 
 @router.patch(
-    "/mcp-servers/{server_id}",
+    "/mcp-servers/{mcp_server_id}",
     operation_id="updateMcpServer",
     response_model=McpServerPublic,
     dependencies=[Depends(require_json)],
@@ -98,40 +100,40 @@ async def get_server(server_id: ServerId, principal: Reader, mcp: McpServers) ->
     summary="Change an MCP server",
 )
 async def update_server(
-    server_id: ServerId, body: McpServerUpdate, principal: Writer, mcp: McpServers
+    mcp_server_id: ServerId, body: McpServerUpdate, principal: Writer, mcp: McpServers
 ) -> McpServerPublic:
     """Only the fields sent change. Moving a server with headers to another scheme, host or
     port without sending `headers` is 422 `mcp-headers-required`: headers go only where they
     were given for."""
     changes = body.model_dump(exclude_unset=True)
-    return McpServerPublic.from_row(await mcp.update(principal, server_id, changes))
+    return McpServerPublic.from_row(await mcp.update(principal, mcp_server_id, changes))
 
 
 @router.post(
-    "/mcp-servers/{server_id}/test",
+    "/mcp-servers/{mcp_server_id}/test",
     operation_id="testMcpServer",
     response_model=McpToolList,
     responses=docs.problems(401, 403, 404, 422, 429, 502, 503),
     summary="Connect to an MCP server and list its tools",
 )
-async def test_server(server_id: ServerId, principal: Writer, mcp: McpServers) -> McpToolList:
+async def test_server(mcp_server_id: ServerId, principal: Writer, mcp: McpServers) -> McpToolList:
     """Connect now (not from the cache) and list the server's tools; 502
     `mcp-server-unavailable` says why it could not (refused address, no answer within
     `timeout_s`, not an MCP server, a command that cannot start)."""
-    tools = await mcp.test(principal, server_id)
+    tools = await mcp.test(principal, mcp_server_id)
     return McpToolList(items=[McpToolPublic.of(t) for t in tools])
 
 
 @router.delete(
-    "/mcp-servers/{server_id}",
+    "/mcp-servers/{mcp_server_id}",
     operation_id="deleteMcpServer",
     status_code=204,
     response_class=Response,
     responses=docs.problems(401, 403, 404, 422, 429, 503),
     summary="Delete an MCP server",
 )
-async def delete_server(server_id: ServerId, principal: Writer, mcp: McpServers) -> Response:
+async def delete_server(mcp_server_id: ServerId, principal: Writer, mcp: McpServers) -> Response:
     """Delete a server; agents that list it get a tool error for its tools until it exists
     again."""
-    await mcp.delete(principal, server_id)
+    await mcp.delete(principal, mcp_server_id)
     return Response(status_code=204)

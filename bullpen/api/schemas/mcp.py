@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
@@ -83,11 +83,19 @@ Headers = Annotated[
     AfterValidator(_not_reserved),
 ]
 Argument = Annotated[str, StringConstraints(max_length=ARG_MAX_CHARS, pattern=r"^[^\x00]*$")]
-_EXECUTABLE = {"type": "string", "maxLength": ARG_MAX_CHARS, "pattern": r"^/[^\x00]*$"}
+_EXECUTABLE: dict[str, Any] = {
+    "type": "string",
+    "maxLength": ARG_MAX_CHARS,
+    "pattern": r"^/[^\x00]*$",
+}
 _COMMAND_DOC = (
     "`stdio`: the executable (an absolute path on `BULLPEN_PROCESS_ALLOW`) and its arguments, "
     "no shell; started as a `process` agent's command is, in a clean environment."
 )
+
+
+def _create_command_schema(schema: dict[str, Any]) -> None:
+    schema["prefixItems"] = [_EXECUTABLE]  # the first item is the executable: absolute
 
 
 def _command_schema(schema: dict[str, Any]) -> None:
@@ -121,8 +129,21 @@ def _absolute(command: list[str]) -> list[str]:
     return command
 
 
-class McpServerCreate(Strict):
-    """A new MCP server: `http` (streamable HTTP) with `url`, or `stdio` with `command`."""
+class _CreateFields(Strict):
+    name: ServerName = Field(
+        examples=["files"],
+        description="Lower-case letters, digits and `-`, up to 32: tools are offered to models "
+        "as `<name>__<tool>`.",
+    )
+    timeout_s: Timeout = Field(
+        default=TIMEOUT_DEFAULT_S,
+        description="Each listing or tool call, connecting included, fails after this long; "
+        "a call's failure is returned to the model as a tool error.",
+    )
+
+
+class McpHttpCreate(_CreateFields):
+    """A new MCP server reached over streamable HTTP."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -133,47 +154,61 @@ class McpServerCreate(Strict):
                     "transport": "http",
                     "url": "https://mcp.example.com/mcp",
                     "headers": {"Authorization": "Bearer …"},
-                },
-                {"name": "git", "transport": "stdio", "command": ["/usr/local/bin/mcp-git"]},
+                }
             ]
         },
     )
 
-    name: ServerName = Field(
-        examples=["files"],
-        description="Lower-case letters, digits and `-`, up to 32: tools are offered to models "
-        "as `<name>__<tool>`.",
-    )
-    transport: Transport
-    url: BaseUrl | None = Field(
-        default=None,
-        description="`http`: the server's MCP endpoint. Non-public addresses are refused (here "
-        "and whenever the host resolves to one) unless BULLPEN_OUTBOUND_ALLOW names them.",
+    transport: Literal["http"]
+    url: BaseUrl = Field(
+        description="The server's MCP endpoint. Non-public addresses are refused (here and "
+        "whenever the host resolves to one) unless BULLPEN_OUTBOUND_ALLOW names them."
     )
     headers: Headers | None = None
-    command: Command | None = Field(
-        default=None,
-        description=_COMMAND_DOC,
-        json_schema_extra={"prefixItems": [_EXECUTABLE]},
-    )
-    env: Env | None = None
-    timeout_s: Timeout = Field(
-        default=TIMEOUT_DEFAULT_S,
-        description="Each listing or tool call, connecting included, fails after this long; "
-        "a call's failure is returned to the model as a tool error.",
-    )
 
     def values(self) -> dict[str, Any]:
         """The fields as the service takes them."""
         return {
             "name": self.name,
-            "transport": self.transport.value,
+            "transport": self.transport,
             "url": self.url,
             "headers": self.headers or {},
+            "command": None,
+            "env": {},
+            "timeout_s": self.timeout_s,
+        }
+
+
+class McpStdioCreate(_CreateFields):
+    """A new MCP server run as a local command, spoken to over its stdin and stdout."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"name": "git", "transport": "stdio", "command": ["/usr/local/bin/mcp-git"]}
+            ]
+        },
+    )
+
+    transport: Literal["stdio"]
+    command: Command = Field(description=_COMMAND_DOC, json_schema_extra=_create_command_schema)
+    env: Env | None = None
+
+    def values(self) -> dict[str, Any]:
+        """The fields as the service takes them."""
+        return {
+            "name": self.name,
+            "transport": self.transport,
+            "url": None,
+            "headers": {},
             "command": self.command,
             "env": self.env or {},
             "timeout_s": self.timeout_s,
         }
+
+
+McpServerCreate = Annotated[McpHttpCreate | McpStdioCreate, Field(discriminator="transport")]
 
 
 class McpServerUpdate(Strict):
@@ -186,7 +221,9 @@ class McpServerUpdate(Strict):
         "scheme, host or port (422 `mcp-headers-required`)."
     )
     command: Command = Field(
-        default=None, description=_COMMAND_DOC, json_schema_extra=_command_schema
+        default=None,  # type: ignore[arg-type]  # a PATCH field: `null` is refused
+        description=_COMMAND_DOC,
+        json_schema_extra=_command_schema,
     )
     env: Env = optional("`stdio` only; replaces the environment.")
     timeout_s: Timeout = optional()
