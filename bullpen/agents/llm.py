@@ -7,7 +7,9 @@ a `delegate` that waits ends the run with the task `blocked`, and the task's nex
 from the stored steps with what its subtasks ended with. A step calling a tool of the config's
 `approval_tools` is held (its messages kept with the approval) and the run ends with the task
 `awaiting_approval`; once decided, the next run carries that step out without asking the model
-again (a denied call's result says so, with the reason) and the loop goes on. Ceilings on the
+again (a denied call's result says so, with the reason) and the loop goes on. MCP servers'
+tools (the config's `mcp`) are offered beside the built-in ones and called at most once, even
+across a crash (see `_execute` and `bullpen.agents.mcp`). Ceilings on the
 steps, the wall time and the cost of a run, and a loop detector (the same call made
 `loop_repeats` times on the task), stop a runaway with a typed error.
 """
@@ -354,6 +356,7 @@ class LlmAdapter:
         if opened is not None:  # a crash during the step's outside calls: finish that step
             step += 1
             calls = [ToolCall(c["id"], c["name"], c["arguments"]) for c in opened.calls]
+            held = await self._team.held_step(run.task_id, step) if config.approval_tools else None
             carried = await self._execute(
                 ctx,
                 step,
@@ -362,6 +365,7 @@ class LlmAdapter:
                 reports,
                 opened.cost_usd,
                 box,
+                denied=_denial(held),
                 prior=opened.results,
             )
             messages.extend([*opened.messages, *carried.messages])
@@ -504,12 +508,8 @@ class LlmAdapter:
         self, ctx: RunContext, held: HeldStep, step: int, reports: list[Report], box: Toolbox
     ) -> StepResult:
         """Commit a held step as decided, with no model call."""
-        denied = None
-        if not held.approved:
-            why = f": {held.reason}" if held.reason else ""
-            denied = (held.tools, f"an approver denied this call{why}")
         return await self._execute(
-            ctx, step, held.messages, held.calls, reports, held.cost_usd, box, denied=denied
+            ctx, step, held.messages, held.calls, reports, held.cost_usd, box, denied=_denial(held)
         )
 
     async def _execute(
@@ -625,6 +625,14 @@ def _tool_chars(chunk: dict[str, Any]) -> int:
         if isinstance(arguments, str):
             total += len(arguments)
     return total
+
+
+def _denial(held: HeldStep | None) -> tuple[frozenset[str], str] | None:
+    """The gated tools of a denied held step and their result, or None."""
+    if held is None or held.approved is not False:
+        return None
+    why = f": {held.reason}" if held.reason else ""
+    return held.tools, f"an approver denied this call{why}"
 
 
 class _Delivered(Exception):

@@ -481,14 +481,14 @@ def _call(method: str, url: str, key: str, body: Any = None) -> Any:
 
 # ---- MCP servers ------------------------------------------------------------------------------
 
-# Where the fuzzer's MCP servers point: a closed port on loopback (the test server allows
-# 127.0.0.1/32), so `POST …/test` connects nowhere else and fails fast.
-MCP_LOOPBACK_URL = "http://127.0.0.1:9/mcp"
+# Where the fuzzer's MCP servers point: a real MCP server the test runs on loopback (the
+# test server allows 127.0.0.1/32), so `POST …/test` lists its tools and connects nowhere else.
+MCP_URL_ENV = "BULLPEN_FUZZ_MCP_URL"
 _BASE_URL = TypeAdapter(BaseUrl)
 
 
 def _loopback_mcp_url(case: Any) -> None:
-    """Point a valid `url` of an MCP server's create or change at `MCP_LOOPBACK_URL`.
+    """Point a valid `url` of an MCP server's create or change at the test's MCP server.
 
     A test of a server connects to it: a generated host name would be looked up in DNS and an
     address called, and tests reach loopback only. An invalid `url` is left as generated, so
@@ -506,7 +506,7 @@ def _loopback_mcp_url(case: Any) -> None:
         _BASE_URL.validate_python(body["url"])
     except ValidationError:
         return
-    body["url"] = MCP_LOOPBACK_URL
+    body["url"] = os.environ[MCP_URL_ENV]
 
 
 def _fresh_mcp_server(case: Any) -> None:
@@ -521,7 +521,11 @@ def _fresh_mcp_server(case: Any) -> None:
         "POST",
         f"{os.environ[BASE_URL_ENV]}/api/v1/mcp-servers",
         os.environ[FUZZ_KEY_ENV],
-        {"name": f"doomed-{os.urandom(6).hex()}", "transport": "http", "url": MCP_LOOPBACK_URL},
+        {
+            "name": f"doomed-{os.urandom(6).hex()}",
+            "transport": "http",
+            "url": os.environ[MCP_URL_ENV],
+        },
     )
     if isinstance(made, dict) and "id" in made:
         params["mcp_server_id"] = made["id"]
@@ -538,16 +542,16 @@ def _excused_mcp(where: tuple[Any, Any], error: dict[str, Any], case: Any, body:
       (`Host`, `Content-Type`, …): case-insensitive names, which JSON Schema cannot compare.
     """
     code = error.get("code")
-    if where == ("body", "command") and code == "not_allowed":
+    if where[1] in ("command", "stdio.command") and code == "not_allowed":
         return True
     if code in ("not_for_http", "not_for_stdio"):
         return case.method.upper() == "PATCH"
     if where == ("body", "headers") and code == "required_for_new_origin":
         return "url" in body and "headers" not in body
-    if where == ("body", "url"):
+    if where in (("body", "url"), ("body", "http.url")):  # `http.`: the create's transport
         return _refused_url(body.get("url"))
     headers = body.get("headers")
-    if where[1] == "headers" and isinstance(headers, dict):
+    if where[1] in ("headers", "http.headers") and isinstance(headers, dict):
         lowered = [str(name).lower() for name in headers]
         return len(set(lowered)) != len(lowered) or bool(set(lowered) & RESERVED_HEADERS)
     return False

@@ -93,7 +93,7 @@ class SettableStatus(StrEnum):
     PAUSED = AgentStatus.PAUSED.value
 
 
-ArgName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=_WORD)]
+ArgName = Annotated[str, StringConstraints(min_length=1, max_length=64)]  # any JSON key
 McpToolName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=_WORD)]
 Scalar = Annotated[str, StringConstraints(max_length=1000)] | int | float | bool
 

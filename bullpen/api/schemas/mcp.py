@@ -63,7 +63,7 @@ def _not_reserved(headers: dict[str, Any]) -> dict[str, Any]:
 ServerName = Annotated[str, StringConstraints(pattern=SERVER_NAME)]
 HeaderName = Annotated[
     str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
-]
+]  # an HTTP token
 HeaderValue = Annotated[
     str,
     StringConstraints(
@@ -72,16 +72,31 @@ HeaderValue = Annotated[
         pattern=r"^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?$",
     ),
 ]
+_HEADER_NAME = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
+_HEADERS_DOC = (
+    "HTTP headers sent with every request (e.g. `Authorization`). Each value is a secret: "
+    "sealed when saved, sent only to this server's origin, never shown again (the server shows "
+    "`header_hints`)."
+)
 Headers = Annotated[
-    dict[HeaderName, HeaderValue],
-    Field(
-        max_length=HEADERS_MAX,
-        description="HTTP headers sent with every request (e.g. `Authorization`). Each value "
-        "is a secret: sealed when saved, sent only to this server's origin, never shown again "
-        "(the server shows `header_hints`). Not for `stdio`.",
-    ),
-    AfterValidator(_not_reserved),
+    dict[HeaderName, HeaderValue], Field(max_length=HEADERS_MAX), AfterValidator(_not_reserved)
 ]
+
+
+def _names(pattern: str, max_length: int, *, patch: bool) -> Any:
+    """`json_schema_extra` of a mapping whose keys follow `pattern` (pydantic documents the
+    pattern alone, which allows any other key): only such keys. A PATCH field's has no
+    default (`null` is refused)."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        schema["additionalProperties"] = False
+        schema["propertyNames"] = {"minLength": 1, "maxLength": max_length, "pattern": pattern}
+        if patch:
+            schema.pop("default", None)
+
+    return extra
+
+
 Argument = Annotated[str, StringConstraints(max_length=ARG_MAX_CHARS, pattern=r"^[^\x00]*$")]
 _EXECUTABLE: dict[str, Any] = {
     "type": "string",
@@ -112,14 +127,10 @@ EnvName = Annotated[
     str, StringConstraints(min_length=1, max_length=ENV_NAME_MAX_CHARS, pattern=ENV_NAME_PATTERN)
 ]
 EnvValue = Annotated[str, StringConstraints(max_length=ENV_VALUE_MAX_CHARS, pattern=r"^[^\x00]*$")]
-Env = Annotated[
-    dict[EnvName, EnvValue],
-    Field(
-        max_length=ENV_MAX_ENTRIES,
-        description="`stdio`: environment variables for the command (not secret; names on "
-        "`BULLPEN_PROCESS_ENV_ALLOW`).",
-    ),
-]
+Env = Annotated[dict[EnvName, EnvValue], Field(max_length=ENV_MAX_ENTRIES)]
+_ENV_DOC = (
+    "Environment variables for the command (not secret; names on `BULLPEN_PROCESS_ENV_ALLOW`)."
+)
 Timeout = Annotated[float, Field(gt=0, le=TIMEOUT_MAX_S, allow_inf_nan=False, strict=True)]
 
 
@@ -164,7 +175,9 @@ class McpHttpCreate(_CreateFields):
         description="The server's MCP endpoint. Non-public addresses are refused (here and "
         "whenever the host resolves to one) unless BULLPEN_OUTBOUND_ALLOW names them."
     )
-    headers: Headers | None = None
+    headers: (
+        Annotated[Headers, Field(json_schema_extra=_names(_HEADER_NAME, 64, patch=False))] | None
+    ) = Field(default=None, description=_HEADERS_DOC)
 
     def values(self) -> dict[str, Any]:
         """The fields as the service takes them."""
@@ -193,7 +206,13 @@ class McpStdioCreate(_CreateFields):
 
     transport: Literal["stdio"]
     command: Command = Field(description=_COMMAND_DOC, json_schema_extra=_create_command_schema)
-    env: Env | None = None
+    env: (
+        Annotated[
+            Env,
+            Field(json_schema_extra=_names(ENV_NAME_PATTERN, ENV_NAME_MAX_CHARS, patch=False)),
+        ]
+        | None
+    ) = Field(default=None, description=_ENV_DOC)
 
     def values(self) -> dict[str, Any]:
         """The fields as the service takes them."""
@@ -216,16 +235,23 @@ class McpServerUpdate(Strict):
 
     name: ServerName = optional()
     url: BaseUrl = optional("`http` only.")
-    headers: Headers = optional(
-        "Replaces every header (`{}` removes them). Needed again when `url` moves to another "
-        "scheme, host or port (422 `mcp-headers-required`)."
+    headers: Headers = Field(
+        default=None,  # type: ignore[arg-type]  # a PATCH field: `null` is refused
+        description=_HEADERS_DOC + " `http` only. Replaces every header (`{}` removes them); "
+        "needed again when `url` moves to another scheme, host or port (422 "
+        "`mcp-headers-required`).",
+        json_schema_extra=_names(_HEADER_NAME, 64, patch=True),
     )
     command: Command = Field(
         default=None,  # type: ignore[arg-type]  # a PATCH field: `null` is refused
         description=_COMMAND_DOC,
         json_schema_extra=_command_schema,
     )
-    env: Env = optional("`stdio` only; replaces the environment.")
+    env: Env = Field(
+        default=None,  # type: ignore[arg-type]  # a PATCH field: `null` is refused
+        description=_ENV_DOC + " `stdio` only; replaces the environment.",
+        json_schema_extra=_names(ENV_NAME_PATTERN, ENV_NAME_MAX_CHARS, patch=True),
+    )
     timeout_s: Timeout = optional()
 
 
