@@ -14,7 +14,8 @@ A workspace's server is reached one of two ways:
   `BULLPEN_PROCESS_ENV_ALLOW`); nothing of the worker's own environment. Its stderr is
   discarded. The SDK ends the server's process tree when the session closes.
 
-Each listing or call opens a session, does its one request within the server's `timeout_s`,
+The SDK itself is used by `mcp_session`, loaded on a server's first use. Each listing or call
+opens a session, does its one request within the server's `timeout_s`,
 and closes it. Tool listings are cached per server (and per change of the server) for
 `ttl_s`. A failure to reach or use a server is `McpUnavailable`; its message never holds a
 header value.
@@ -22,36 +23,24 @@ header value.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import socket
-import tempfile
-from collections.abc import AsyncIterator, Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from uuid import UUID
 
-import anyio
-import httpcore2
-import httpx2
 import orjson
 from aiohttp.abc import AbstractResolver
-from mcp import ClientSession, StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
-from mcp.types import PaginatedRequestParams
 
 from bullpen.agents.process import ALLOW_SETTING, BASE_PATH
 from bullpen.agents.process_env import ENV_ALLOW_SETTING, EnvAllow
 from bullpen.errors import BullpenError, InvalidInput
-from bullpen.security.outbound import AddressGuard, OutboundAllow, OutboundRefused, check_url
+from bullpen.security.outbound import AddressGuard, OutboundAllow
 
 SERVER_NAME = r"^[a-z0-9][a-z0-9-]{0,31}$"  # no `_`: `<server>__<tool>` splits unambiguously
 SEPARATOR = "__"
 WIRE_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # a function name as OpenAI-style models take it
 TOOLS_MAX = 128  # tools taken from one server's listing
-_ENV_UNSET = ("LOGNAME", "SHELL", "TERM", "USER")  # what the SDK would pass on otherwise
 
 
 class McpUnavailable(BullpenError):
@@ -125,60 +114,6 @@ class ServersPort(Protocol):
         """The named servers that exist, by name, their headers opened."""
 
 
-class GuardedBackend(httpcore2.AsyncNetworkBackend):
-    """Connects only to addresses the outbound guard allows: the one it checked."""
-
-    def __init__(self, guard: AddressGuard) -> None:
-        self._guard = guard
-        self._inner = httpcore2.AnyIOBackend()
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore2.AsyncNetworkStream:
-        """Resolve and check `host`, then connect to one of its checked addresses."""
-        checked = await self._guard.check(host.strip("[]"), port)
-        last: Exception | None = None
-        for _family, address in checked.addresses:
-            try:
-                return await self._inner.connect_tcp(
-                    address, port, timeout, local_address, socket_options
-                )
-            except (httpcore2.ConnectError, httpcore2.ConnectTimeout) as err:
-                last = err
-        assert last is not None
-        raise last
-
-    async def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore2.AsyncNetworkStream:
-        """Never: MCP servers are reached over TCP."""
-        raise httpcore2.ConnectError("unix sockets are not used")
-
-    async def sleep(self, seconds: float) -> None:
-        """Sleep as the inner backend does."""
-        await self._inner.sleep(seconds)
-
-
-class _GuardedTransport(httpx2.AsyncHTTPTransport):
-    """httpx2's transport over a pool that connects through `GuardedBackend`, no proxies."""
-
-    def __init__(self, guard: AddressGuard) -> None:
-        super().__init__(trust_env=False)
-        self._pool = httpcore2.AsyncConnectionPool(
-            ssl_context=httpx2.create_ssl_context(trust_env=False),
-            max_connections=4,
-            network_backend=GuardedBackend(guard),
-        )
-
-
 class McpClient:
     """Lists and calls MCP servers' tools for `llm` agents (one per worker)."""
 
@@ -192,8 +127,8 @@ class McpClient:
         clock: Callable[[], float],
         resolver: AbstractResolver | None = None,
     ) -> None:
-        self._outbound = outbound
         self._guard = AddressGuard(outbound, resolver)
+        self._outbound = outbound
         self._process_allow = frozenset(process_allow)
         self._env_allow = env_allow
         self._ttl_s = ttl_s
@@ -211,13 +146,14 @@ class McpClient:
         found = self._listed.get(key)
         if not fresh and found is not None and found[0] > self._clock():
             return found[1]
+        from bullpen.agents import mcp_session as sdk  # the SDK, loaded on first use
+
         tools: list[McpTool] = []
 
-        async def listing(session: ClientSession) -> None:
+        async def listing(session: Any) -> None:
             cursor: str | None = None
             while len(tools) < TOOLS_MAX:
-                params = None if cursor is None else PaginatedRequestParams(cursor=cursor)
-                page = await session.list_tools(params=params)
+                page = await session.list_tools(params=sdk.page(cursor))
                 for tool in page.tools:
                     schema = tool.input_schema if isinstance(tool.input_schema, dict) else {}
                     tools.append(McpTool(server.name, tool.name, tool.description or "", schema))
@@ -225,7 +161,7 @@ class McpClient:
                 if not cursor:
                     break
 
-        await self._with_session(server, listing, "list the tools of")
+        await sdk.with_session(self._reach(sdk), server, listing, "list the tools of")
         listed = tools[:TOOLS_MAX]
         self._listed = {k: v for k, v in self._listed.items() if k[0] != server.id}
         self._listed[key] = (self._clock() + self._ttl_s, listed)
@@ -236,13 +172,15 @@ class McpClient:
     ) -> tuple[str, bool]:
         """Call a tool: its result as text (cut at `result_max_chars`) and whether the tool
         reported an error. McpUnavailable when the server cannot be reached or times out."""
+        from bullpen.agents import mcp_session as sdk  # the SDK, loaded on first use
+
         out: list[tuple[str, bool]] = []
 
-        async def calling(session: ClientSession) -> None:
+        async def calling(session: Any) -> None:
             result = await session.call_tool(tool, arguments)
-            out.append((_text(result), bool(result.is_error)))
+            out.append((sdk.text_of(result), bool(result.is_error)))
 
-        await self._with_session(server, calling, f"call {tool!r} on")
+        await sdk.with_session(self._reach(sdk), server, calling, f"call {tool!r} on")
         text, failed = out[0]
         if len(text) > result_max_chars:
             text = (
@@ -251,102 +189,8 @@ class McpClient:
             )
         return text, failed
 
-    async def _with_session(
-        self, server: McpServer, work: Callable[[ClientSession], Any], what: str
-    ) -> None:
-        """Open a session to the server, run `work` in it, close it, all within its timeout."""
-        failure: str | None = None
-        try:
-            with anyio.fail_after(server.timeout_s):
-                async with self._session(server) as session:
-                    await work(session)
-        except TimeoutError:
-            failure = f"no answer within {server.timeout_s:g} s"
-        except (OutboundRefused, InvalidInput) as err:
-            failure = err.detail
-        except MCPError as err:
-            failure = f"the server answered with an error: {_short(str(err))}"
-        except Exception as err:  # the SDK and its transports raise many kinds, often grouped
-            failure = _describe(err)
-        if failure is not None:
-            raise McpUnavailable(f"could not {what} MCP server {server.name!r}: {failure}")
-
-    @contextlib.asynccontextmanager
-    async def _session(self, server: McpServer) -> AsyncIterator[ClientSession]:
-        async with contextlib.AsyncExitStack() as stack:
-            if server.transport == "http":
-                assert server.url is not None
-                check_url(server.url, self._outbound)
-                http = await stack.enter_async_context(
-                    httpx2.AsyncClient(
-                        headers=server.headers,
-                        transport=_GuardedTransport(self._guard),
-                        timeout=httpx2.Timeout(server.timeout_s),
-                        trust_env=False,
-                    )
-                )
-                read, write = await stack.enter_async_context(
-                    streamable_http_client(server.url, http_client=http)
-                )
-            else:
-                assert server.command is not None
-                check_stdio(server.command, server.env, self._process_allow, self._env_allow)
-                home = stack.enter_context(tempfile.TemporaryDirectory(prefix="bullpen-mcp-"))
-                # /dev/null: opening it does not block
-                errlog = stack.enter_context(open(os.devnull, "w"))  # noqa: ASYNC230
-                # `env -u` drops what the SDK adds from the worker's environment; the rest of
-                # the environment is ours (values never on a command line).
-                unset = [arg for name in _ENV_UNSET for arg in ("-u", name)]
-                params = StdioServerParameters(
-                    command="/usr/bin/env",
-                    args=[*unset, "--", *server.command],
-                    env=stdio_environment(server.env, home),
-                    cwd=home,
-                )
-                read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
-            session = await stack.enter_async_context(ClientSession(read, write))
-            await session.initialize()
-            yield session
-
-
-def _text(result: Any) -> str:
-    """A tool result as the model reads it: its text blocks, else its structured content."""
-    parts: list[str] = []
-    for block in result.content or []:
-        kind = getattr(block, "type", "")
-        if kind == "text":
-            parts.append(block.text)
-        elif kind in ("image", "audio"):
-            parts.append(f"[{kind}: {getattr(block, 'mime_type', '')}]")
-        elif kind == "resource_link":
-            parts.append(f"[resource: {getattr(block, 'uri', '')}]")
-        elif kind == "resource":
-            inner = getattr(block, "resource", None)
-            parts.append(
-                str(getattr(inner, "text", "") or f"[resource: {getattr(inner, 'uri', '')}]")
-            )
-    if not parts and result.structured_content is not None:
-        parts.append(orjson.dumps(result.structured_content).decode())
-    return "\n".join(parts)
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= 300 else text[:300] + "…"
-
-
-def _describe(err: BaseException) -> str:
-    """One line for a failure, from the innermost exception of a group."""
-    while isinstance(err, BaseExceptionGroup) and err.exceptions:
-        err = err.exceptions[0]
-    if isinstance(err, OutboundRefused):
-        return err.detail
-    if isinstance(err, (httpx2.ConnectError, ConnectionError, socket.gaierror)):
-        return f"could not connect ({type(err).__name__})"
-    if isinstance(err, httpx2.HTTPStatusError):
-        return f"HTTP {err.response.status_code}"
-    if isinstance(err, FileNotFoundError | PermissionError):
-        return f"could not start the command ({type(err).__name__})"
-    return f"{type(err).__name__}: {_short(str(err))}" if str(err) else type(err).__name__
+    def _reach(self, sdk: Any) -> Any:
+        return sdk.Reach(self._guard, self._outbound, self._process_allow, self._env_allow)
 
 
 # ---- what an agent may use, and the tool loop's side ----------------------------------------
