@@ -24,7 +24,7 @@ from bullpen.domain.records.mcp import McpServerRecord
 
 HEADERS_MAX = 16
 HEADER_VALUE_MAX = 4096
-TIMEOUT_DEFAULT_S, TIMEOUT_MAX_S = 30.0, 600.0
+TIMEOUT_MIN_S, TIMEOUT_DEFAULT_S, TIMEOUT_MAX_S = 1.0, 30.0, 600.0
 # Headers the HTTP client or the MCP transport sets itself.
 RESERVED_HEADERS = frozenset(
     {
@@ -131,7 +131,9 @@ Env = Annotated[dict[EnvName, EnvValue], Field(max_length=ENV_MAX_ENTRIES)]
 _ENV_DOC = (
     "Environment variables for the command (not secret; names on `BULLPEN_PROCESS_ENV_ALLOW`)."
 )
-Timeout = Annotated[float, Field(gt=0, le=TIMEOUT_MAX_S, allow_inf_nan=False, strict=True)]
+Timeout = Annotated[
+    float, Field(ge=TIMEOUT_MIN_S, le=TIMEOUT_MAX_S, allow_inf_nan=False, strict=True)
+]
 
 
 def _absolute(command: list[str]) -> list[str]:
