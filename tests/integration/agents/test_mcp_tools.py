@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import socket
 import sys
@@ -67,8 +68,12 @@ async def tool_results(server: RunningServer, task_id: str) -> list[dict[str, An
 
 @pytest.mark.with_settings(process_allow=sys.executable, mcp_result_max_chars=1000)
 async def test_an_agent_lists_and_calls_mcp_tools_over_http_and_stdio(
-    server: RunningServer, http: aiohttp.ClientSession, tmp_path: Path
+    server: RunningServer,
+    http: aiohttp.ClientSession,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     log = tmp_path / "calls.log"
     canary = "Bearer mcp-canary-" + secrets.token_hex(16)
     replies: list[Reply] = []
@@ -152,10 +157,16 @@ async def test_an_agent_lists_and_calls_mcp_tools_over_http_and_stdio(
     assert sorted(s.step for s in steps) == [1, 2, 3, 4]
     assert await rows(server, sa.select(task_open_steps)) == []
 
-    # The header's value is in no response, event, step, audit record or stored row.
+    # The header's value is in no response, event, step, audit record, stored row or log line.
     replies.append(await call(http, server, "GET", "/api/v1/mcp-servers"))
     replies.append(await call(http, server, "GET", f"/api/v1/mcp-servers/{created['id']}"))
     sinks = [r.text for r in replies]
+    # Log records of Bullpen and of the client side (the test's MCP server logs its own).
+    sinks += [
+        f"{r.name} {r.getMessage()} {r.exc_text or ''}"
+        for r in caplog.records
+        if not r.name.startswith(("mcp.server", "uvicorn", "sse_starlette"))
+    ]
     for table in (run_events, task_steps, audit_events, mcp_servers):
         sinks.extend(repr(tuple(r)) for r in await rows(server, sa.select(table)))
     forms = encodings(canary.removeprefix("Bearer "))
