@@ -8,6 +8,7 @@ do not load the SDK.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import tempfile
@@ -29,6 +30,7 @@ from bullpen.agents.process_env import EnvAllow
 from bullpen.errors import InvalidInput
 from bullpen.security.outbound import AddressGuard, OutboundAllow, OutboundRefused, check_url
 
+log = logging.getLogger(__name__)
 _ENV_UNSET = ("LOGNAME", "SHELL", "TERM", "USER")  # what the SDK would pass on otherwise
 
 
@@ -37,12 +39,22 @@ def page(cursor: str | None) -> PaginatedRequestParams | None:
     return None if cursor is None else PaginatedRequestParams(cursor=cursor)
 
 
+@dataclass(slots=True)
+class Peer:
+    """What a session learnt of its server: whether every address used was public, and
+    whether it answered as an MCP server does (its `initialize`)."""
+
+    public: bool | None = None
+    answered: bool = False
+
+
 class GuardedBackend(httpcore2.AsyncNetworkBackend):
     """Connects only to addresses the outbound guard allows: the one it checked."""
 
-    def __init__(self, guard: AddressGuard) -> None:
+    def __init__(self, guard: AddressGuard, peer: Peer) -> None:
         self._guard = guard
         self._inner = httpcore2.AnyIOBackend()
+        self._peer = peer
 
     async def connect_tcp(
         self,
@@ -54,6 +66,8 @@ class GuardedBackend(httpcore2.AsyncNetworkBackend):
     ) -> httpcore2.AsyncNetworkStream:
         """Resolve and check `host`, then connect to one of its checked addresses."""
         checked = await self._guard.check(host.strip("[]"), port)
+        peer = self._peer
+        peer.public = checked.public if peer.public is None else peer.public and checked.public
         last: Exception | None = None
         for _family, address in checked.addresses:
             try:
@@ -82,12 +96,12 @@ class GuardedBackend(httpcore2.AsyncNetworkBackend):
 class _GuardedTransport(httpx2.AsyncHTTPTransport):
     """httpx2's transport over a pool that connects through `GuardedBackend`, no proxies."""
 
-    def __init__(self, guard: AddressGuard) -> None:
+    def __init__(self, backend: GuardedBackend) -> None:
         super().__init__(trust_env=False)
         self._pool = httpcore2.AsyncConnectionPool(
             ssl_context=httpx2.create_ssl_context(trust_env=False),
             max_connections=4,
-            network_backend=GuardedBackend(guard),
+            network_backend=backend,
         )
 
 
@@ -104,11 +118,17 @@ class Reach:
 async def with_session(
     reach: Reach, server: McpServer, work: Callable[[ClientSession], Any], what: str
 ) -> None:
-    """Open a session to the server, run `work` in it, close it, all within its timeout."""
+    """Open a session to the server, run `work` in it, close it, all within its timeout.
+
+    As for providers, a server at a non-public address (one `BULLPEN_OUTBOUND_ALLOW` lets
+    through) fails with one message whatever went wrong until it has answered as an MCP server
+    does, so that MCP server URLs cannot map the internal network; the server log has the real
+    reason."""
     failure: str | None = None
+    peer = Peer()
     try:
         with anyio.fail_after(server.timeout_s):
-            async with _session(reach, server) as session:
+            async with _session(reach, server, peer) as session:
                 await work(session)
     except TimeoutError:
         failure = f"no answer within {server.timeout_s:g} s"
@@ -118,12 +138,18 @@ async def with_session(
         failure = f"the server answered with an error: {_short(str(err))}"
     except Exception as err:  # the SDK and its transports raise many kinds, often grouped
         failure = _describe(err)
-    if failure is not None:
-        raise McpUnavailable(f"could not {what} MCP server {server.name!r}: {failure}")
+    if failure is None:
+        return
+    if peer.public is False and not peer.answered:
+        log.warning("MCP server %r at a non-public address: %s", server.name, failure)
+        failure = (
+            "it is at a non-public address, whose errors are not shown (the server log has them)"
+        )
+    raise McpUnavailable(f"could not {what} MCP server {server.name!r}: {failure}")
 
 
 @contextlib.asynccontextmanager
-async def _session(reach: Reach, server: McpServer) -> AsyncIterator[ClientSession]:
+async def _session(reach: Reach, server: McpServer, peer: Peer) -> AsyncIterator[ClientSession]:
     async with contextlib.AsyncExitStack() as stack:
         if server.transport == "http":
             assert server.url is not None
@@ -131,7 +157,7 @@ async def _session(reach: Reach, server: McpServer) -> AsyncIterator[ClientSessi
             http = await stack.enter_async_context(
                 httpx2.AsyncClient(
                     headers=server.headers,
-                    transport=_GuardedTransport(reach.guard),
+                    transport=_GuardedTransport(GuardedBackend(reach.guard, peer)),
                     timeout=httpx2.Timeout(server.timeout_s),
                     trust_env=False,
                 )
@@ -157,6 +183,7 @@ async def _session(reach: Reach, server: McpServer) -> AsyncIterator[ClientSessi
             read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
         session = await stack.enter_async_context(ClientSession(read, write))
         await session.initialize()
+        peer.answered = True
         yield session
 
 
