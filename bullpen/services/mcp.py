@@ -14,7 +14,6 @@ worker's tool loop reads of them.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import uuid
 from collections.abc import Callable, Collection
@@ -253,7 +252,6 @@ class McpDirectory:
         self._ttl_s = ttl_s
         self._clock = clock
         self._cached: dict[UUID, tuple[float, dict[str, McpServer]]] = {}
-        self._lock = asyncio.Lock()
 
     def invalidate(self, workspace_id: UUID) -> None:
         """Forget a workspace's servers (after a change made here)."""
