@@ -48,7 +48,7 @@ from bullpen.services.gateway import Directory, GatewayConfig
 from bullpen.services.housekeeping import Housekeeper, Retention
 from bullpen.services.invitations import InvitationService
 from bullpen.services.ledger import UsageLedger
-from bullpen.services.mcp import McpDirectory, McpService
+from bullpen.services.mcp_servers import McpDirectory, McpService
 from bullpen.services.routines import RoutineService, Scheduler
 from bullpen.services.spend import RunSpend, Spend
 from bullpen.services.tasks import TaskService
@@ -110,7 +110,7 @@ class Services:
     spend: Spend
     budgets: BudgetService
     gateway_config: GatewayConfig
-    mcp: McpService
+    mcp_servers: McpService
     mcp_tools: McpTools  # the tool loop's MCP side (the worker's `llm` adapter holds it)
     limits: CallerLimits
     metrics: CollectorRegistry
@@ -386,7 +386,7 @@ async def build(
             budgets=BudgetService(store, clock, spend),
             gateway_config=GatewayConfig(store, box, directory, clock, defaults, outbound),
             mcp_tools=mcp_tools,
-            mcp=McpService(
+            mcp_servers=McpService(
                 store,
                 box,
                 mcp_client,

@@ -108,7 +108,7 @@ def check_stdio(
 
 
 class ServersPort(Protocol):
-    """Where the tool loop finds a workspace's servers (`services.mcp.McpDirectory`)."""
+    """Where the tool loop finds a workspace's servers (`services.mcp_servers.McpDirectory`)."""
 
     async def servers(self, workspace_id: UUID, names: Collection[str]) -> dict[str, McpServer]:
         """The named servers that exist, by name, their headers opened."""

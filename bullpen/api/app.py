@@ -25,7 +25,7 @@ from bullpen.api.routes import (
     budgets,
     events,
     invitations,
-    mcp,
+    mcp_servers,
     members,
     providers,
     relay,
@@ -81,7 +81,7 @@ API_ROUTERS: list[APIRouter] = [
         events,
         audit,
         providers,
-        mcp,
+        mcp_servers,
         budgets,
     )
 ]

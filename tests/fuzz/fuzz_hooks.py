@@ -24,7 +24,7 @@ import schemathesis
 from pydantic import TypeAdapter, ValidationError
 
 from bullpen.api.schemas.gateway import BaseUrl
-from bullpen.api.schemas.mcp import RESERVED_HEADERS
+from bullpen.api.schemas.mcp_servers import RESERVED_HEADERS
 from bullpen.errors import InvalidInput
 from bullpen.security.outbound import OutboundAllow, check_url
 from bullpen.services.routines import first_slot

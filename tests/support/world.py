@@ -21,7 +21,7 @@ from bullpen.domain.principal import Role
 from bullpen.security.secrets import SecretBox
 from bullpen.services.auth import hash_password
 from bullpen.services.gateway import key_context
-from bullpen.services.mcp import header_context
+from bullpen.services.mcp_servers import header_context
 from bullpen.store import agents as agent_store
 from bullpen.store import budgets as budget_store
 from bullpen.store import gateway as gateway_store

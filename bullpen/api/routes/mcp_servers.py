@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Response
 from bullpen.api import docs
 from bullpen.api.deps import McpServers, require, require_json
 from bullpen.api.idempotency import Idempotent
-from bullpen.api.schemas.mcp import (
+from bullpen.api.schemas.mcp_servers import (
     McpServerCreate,
     McpServerList,
     McpServerPublic,
