@@ -28,6 +28,7 @@ from bullpen.api.routes import (
     budgets,
     events,
     invitations,
+    mcp_servers,
     members,
     providers,
     relay,
@@ -86,6 +87,7 @@ API_ROUTERS: list[APIRouter] = [
         events,
         audit,
         providers,
+        mcp_servers,
         budgets,
     )
 ]
