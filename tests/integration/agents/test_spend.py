@@ -140,6 +140,16 @@ async def test_concurrent_runs_never_spend_past_a_budget_by_more_than_a_slice_ea
     ]
     # Calls are refused while those in flight hold the rest: the budget is used, not passed.
     assert total > SLICE * USD_PER_TOKEN
+    # The ledger counts the output the provider streamed: a whole answer as the provider's
+    # usage says, a stopped one (no usage) by Bullpen's count, which errs high (four characters
+    # a token, or a token a chunk, whichever is more), missing only what was still on the way.
+    simulator = server.services.simulator
+    assert simulator is not None
+    whole = [r for r in spent if not r.estimated]
+    assert all(r.output_tokens == ANSWER for r in whole)
+    counted = sum(r.output_tokens for r in spent)
+    stopped = len(spent) - len(whole)
+    assert counted >= simulator.tokens_sent - stopped * SLICE
     [after] = await rows(server, sa.select(budgets).where(budgets.c.id == UUID(budget["id"])))
     assert after.spent_usd == pytest.approx(total)  # the budget and the ledger agree
     assert after.reserved_usd == pytest.approx(0.0, abs=1e-9)
