@@ -408,7 +408,8 @@ class LlmAdapter:
                     ),
                     delivered,
                 )
-            left = config.max_wall_s - (loop.time() - began)
+            # The wall-time ceiling counts the task's earlier deliveries and wakes too.
+            left = config.max_wall_s - ctx.run.elapsed_s - (loop.time() - began)
             request: dict[str, Any] = {
                 "messages": [_wire(m) for m in (*messages, *pending)],
                 "tools": tools,

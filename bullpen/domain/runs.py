@@ -33,6 +33,7 @@ class ClaimedRun:
     dependencies: int = 0  # children waited for and blockers ever attached (0: no tree reads)
     dependents: int = 0  # tasks blocked by this one, ever (0: no one waits for its end)
     steps: int = 0  # tool steps an `llm` agent completed on the task (0: nothing to resume)
+    elapsed_s: float = 0.0  # seconds the task's earlier deliveries ran (its wall time so far)
     has_reports: bool = False  # someone reports to the agent: it may delegate
     agent_breakers: dict[str, Any] | None = None  # the agent's breaker overrides
     breaker_since: datetime | None = None  # its breaker windows start no earlier

@@ -159,6 +159,7 @@ async def fail_deliveries(
                     runs.c.workspace_id,
                     runs.c.failures,
                     runs.c.cancel_requested_at,
+                    runs.c.started_at,
                 ).where(
                     runs.c.id == h.run_id,
                     runs.c.attempt == h.attempt,
@@ -190,7 +191,9 @@ async def fail_deliveries(
             .values(status=status.value, **values)
         )
         task_status = TaskStatus.QUEUED if status is RunStatus.QUEUED else TaskStatus(status.value)
-        await _task_leaves_running(conn, row.task_id, task_status, now, error=error)
+        await _task_leaves_running(
+            conn, row.task_id, task_status, now, error=error, ran=_elapsed(row.started_at, now)
+        )
         if status is not RunStatus.QUEUED:
             await workflow.ended_task(conn, row.task_id, now)
         out.append(Redelivery(h.run_id, row.task_id, row.workspace_id, status, error))
@@ -199,7 +202,7 @@ async def fail_deliveries(
 
 async def release(conn: Connection, held: list[Held], *, now: datetime) -> int:
     """Give deliveries back to the queue unharmed (a draining worker); not a failure."""
-    return await _requeue(conn, held, now, available_at=None)
+    return await _requeue(conn, held, now, ran=True, available_at=None)
 
 
 async def unclaim(conn: Connection, held: list[Held], *, now: datetime) -> int:
@@ -208,9 +211,12 @@ async def unclaim(conn: Connection, held: list[Held], *, now: datetime) -> int:
     return await _requeue(conn, held, now, attempt=runs.c.attempt - 1, started_at=None)
 
 
-async def _requeue(conn: Connection, held: list[Held], now: datetime, **values: Any) -> int:
+async def _requeue(
+    conn: Connection, held: list[Held], now: datetime, *, ran: bool = False, **values: Any
+) -> int:
     """Queue running deliveries again, lease dropped, with `values` besides; returns how many
-    were still held. Their tasks leave `running` for `queued`."""
+    were still held. Their tasks leave `running` for `queued` (with the time the deliveries
+    ran added to their wall time, if they `ran`)."""
     requeued = 0
     for h in held:
         result = await conn.execute(
@@ -223,20 +229,30 @@ async def _requeue(conn: Connection, held: list[Held], now: datetime, **values: 
             .values(
                 status=RunStatus.QUEUED.value, lease_owner=None, lease_expires_at=None, **values
             )
-            .returning(runs.c.task_id)
+            .returning(runs.c.task_id, runs.c.started_at)
         )
-        task_id = result.scalar_one_or_none()
-        if task_id is None:
+        found = result.first()
+        if found is None:
             continue
         requeued += 1
-        await _task_leaves_running(conn, task_id, TaskStatus.QUEUED, now)
+        elapsed = _elapsed(found.started_at, now) if ran else 0.0
+        await _task_leaves_running(conn, found.task_id, TaskStatus.QUEUED, now, ran=elapsed)
     return requeued
 
 
 async def _task_leaves_running(
-    conn: Connection, task_id: UUID, status: TaskStatus, now: datetime, **values: Any
+    conn: Connection,
+    task_id: UUID,
+    status: TaskStatus,
+    now: datetime,
+    *,
+    ran: float = 0.0,
+    **values: Any,
 ) -> None:
-    """Move a task whose delivery ended without an outcome out of `running`."""
+    """Move a task whose delivery ended without an outcome out of `running`, adding the
+    seconds the delivery `ran` to the task's wall time."""
+    if ran > 0:
+        values["elapsed_s"] = tasks.c.elapsed_s + ran
     await conn.execute(
         tasks.update()
         .where(tasks.c.id == task_id, tasks.c.status == TaskStatus.RUNNING.value)
@@ -275,6 +291,7 @@ _FINISH_RUN = (
         runs.c.task_id,
         runs.c.workspace_id,
         runs.c.agent_id,
+        runs.c.started_at,
         sa.select(tasks.c.dependencies)
         .where(tasks.c.id == runs.c.task_id)
         .scalar_subquery()
@@ -293,9 +310,15 @@ _FINISH_TASK = (
         result=sa.bindparam("b_result"),
         error=sa.bindparam("b_error"),
         updated_at=sa.bindparam("b_now", type_=tasks.c.updated_at.type),
+        elapsed_s=tasks.c.elapsed_s + sa.bindparam("b_elapsed", type_=sa.Float),
     )
     .returning(tasks.c.parent_id, tasks.c.blocks_parent, tasks.c.dependencies, tasks.c.dependents)
 )
+
+
+def _elapsed(started_at: datetime | None, now: datetime) -> float:
+    """Seconds a delivery ran (for its task's wall time over every delivery and wake)."""
+    return max(0.0, (now - started_at).total_seconds()) if started_at is not None else 0.0
 
 
 async def finish(
@@ -389,6 +412,7 @@ async def finish(
                     "b_result": outcome.result,
                     "b_error": outcome.error,
                     "b_now": now,
+                    "b_elapsed": _elapsed(row.started_at, now),
                 },
             )
         ).first()

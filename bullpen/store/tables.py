@@ -196,6 +196,9 @@ tasks = sa.Table(
     # What an approver's one-off budget override still lets the task's runs spend past their
     # budgets (migration 0017; NULL: none).
     sa.Column("budget_override_usd", sa.Float),
+    # Seconds the task's deliveries have run, over every delivery and wake: what its `llm`
+    # agent's `max_wall_s` counts (migration 0017).
+    sa.Column("elapsed_s", sa.Float, nullable=False, server_default="0"),
     sa.UniqueConstraint("workspace_id", "number", name="uq_tasks_workspace_number"),
     sa.UniqueConstraint("parent_id", "origin_key", name="uq_tasks_parent_origin"),
     sa.Index("ix_tasks_parent", "parent_id"),

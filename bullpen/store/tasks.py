@@ -163,6 +163,7 @@ def _new_task(
         "dependents": 0,
         "steps": 0,
         "budget_override_usd": None,
+        "elapsed_s": 0.0,
     }
 
 

@@ -67,6 +67,7 @@ class TaskRecord:
     steps: int
     task_key: str
     budget_override_usd: float | None = None  # what an approved budget override still allows
+    elapsed_s: float = 0.0  # seconds its deliveries have run (every delivery and wake)
 
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:

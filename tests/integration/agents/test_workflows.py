@@ -22,7 +22,7 @@ from bullpen.services.team import Team
 from bullpen.store import claims as claim_store
 from bullpen.store import runs as run_store
 from bullpen.store import tasks as task_store
-from bullpen.store.tables import runs, task_comments, task_steps
+from bullpen.store.tables import runs, task_comments, task_steps, tasks
 from tests.support.db import rows
 from tests.support.http import problem_of
 from tests.support.servers import RunningServer
@@ -463,3 +463,29 @@ async def test_cancelling_a_parent_cancels_its_open_subtasks(
     assert (await get_task(http, server, task["id"]))["status"] == "cancelled"
     assert await active_runs(server, child["id"]) == []
     assert len(await runs_of(server, task["id"])) == 1  # the child's end did not wake it
+
+
+async def test_the_wall_time_ceiling_counts_the_tasks_earlier_runs(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    await faulty_provider(http, server)
+    agent = await make_agent(
+        http, server, "slow", provider="faulty", model="sim-1@hang", max_wall_s=0.5
+    )
+    task = await create_task(http, server, agent, "Take all the time there is")
+    first = await until_ended(http, server, task["id"])
+    assert first["status"] == "failed" and "max_wall_s" in (first["error"] or ""), first
+    [elapsed] = await rows(
+        server, sa.select(tasks.c.elapsed_s).where(tasks.c.id == UUID(task["id"]))
+    )
+    assert elapsed.elapsed_s >= 0.5
+    simulator = server.services.simulator
+    assert simulator is not None
+    asked = simulator.total_requests
+    assert asked >= 1  # the first run asked the (hanging) provider
+    # A retry is the same task: its wall time is used up, so it stops before asking again.
+    resp = await post(http, server, f"/api/v1/tasks/{task['id']}/retry")
+    assert resp.status == 201, await resp.text()
+    again = await until_ended(http, server, task["id"])
+    assert again["status"] == "failed" and "max_wall_s" in (again["error"] or ""), again
+    assert simulator.total_requests == asked

@@ -1,4 +1,5 @@
-"""budget overrides: what an approver's one-off override still lets a task's runs spend
+"""budget overrides and task wall time: what an approver's one-off override still lets a
+task's runs spend, and the seconds its deliveries have run
 
 Revision ID: 0017
 Revises: 0016
@@ -19,8 +20,10 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("tasks") as batch:
         batch.add_column(sa.Column("budget_override_usd", sa.Float))
+        batch.add_column(sa.Column("elapsed_s", sa.Float, nullable=False, server_default="0"))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("tasks") as batch:
+        batch.drop_column("elapsed_s")
         batch.drop_column("budget_override_usd")
