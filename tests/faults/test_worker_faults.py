@@ -22,13 +22,15 @@ import pytest
 import sqlalchemy as sa
 
 from bullpen.app import utcnow
+from bullpen.domain.budgets import BudgetRecord
+from bullpen.services.bootstrap import Bootstrap
 from bullpen.settings import Settings
 from bullpen.simulator.provider import SimConfig, SimulatedProvider
 from bullpen.store import budgets as budget_store
 from bullpen.store import gateway as gateway_store
 from bullpen.store.base import Store
 from bullpen.store.engine import create_store
-from bullpen.store.tables import agents, budget_reservations, cost_events, runs, tasks
+from bullpen.store.tables import agents, budget_reservations, cost_events, run_events, runs, tasks
 from tests.support.cluster import (
     bootstrap,
     enqueue,
@@ -371,6 +373,93 @@ async def test_postgres_restarts_under_load_lose_nothing(settings: Settings, db:
     assert "Traceback" not in worker_logs, worker_logs
 
 
+USD_PER_TOKEN = 0.001  # the priced provider of the spend tests: $1,000 per million tokens
+
+
+async def _priced_under_a_budget(
+    db: Store, boot: Bootstrap, base_url: str, amount_usd: float
+) -> BudgetRecord:
+    """The demo agent on a priced provider at `base_url`, under a workspace budget."""
+    now = utcnow()
+    per_mtok = USD_PER_TOKEN * 1_000_000
+    async with db.write() as conn:
+        await gateway_store.create_provider(
+            conn,
+            provider_id=uuid.uuid4(),
+            workspace_id=boot.workspace_id,
+            values={
+                "name": "priced",
+                "base_url": base_url,
+                "models": [
+                    {"name": "sim-1", "input_per_mtok": per_mtok, "output_per_mtok": per_mtok}
+                ],
+                "connect_timeout_s": 5.0,
+                "ttft_timeout_s": 30.0,
+                "idle_timeout_s": 30.0,
+                "deadline_s": 120.0,
+            },
+            now=now,
+        )
+        await conn.execute(
+            agents.update()
+            .where(agents.c.id == boot.agent_id)
+            .values(config={"provider": "priced", "model": "sim-1"})
+        )
+        return await budget_store.insert(
+            conn,
+            {
+                "workspace_id": boot.workspace_id,
+                "scope": "workspace",
+                "amount_usd": amount_usd,
+                "period": "lifetime",
+                "timezone": "UTC",
+                "warn_percent": None,
+                "hard_stop": True,
+                "period_start": now,
+                "created_at": now,
+                "updated_at": now,
+            },
+        )
+
+
+@POSTGRES
+async def test_two_workers_never_spend_past_a_budget_by_more_than_a_slice_a_call(
+    settings: Settings, db: Store
+) -> None:
+    """Issue 22: 30 priced runs over two worker processes against a budget of about five
+    answers: spend stays within a slice per call in flight; every stopped run ended with
+    `budget-exceeded` and kept the text streamed before the stop."""
+    boot = await bootstrap(db, settings)
+    slice_tokens, cap, answer = 16, 0.5, 100
+    config = SimConfig(ttft_ms=50, tokens_per_second=100, response_tokens=answer, models=("sim-1",))
+    async with SimulatedProvider(config) as sim:
+        budget = await _priced_under_a_budget(db, boot, sim.base_url, cap)
+        env = worker_env(settings, outbound_allow="127.0.0.1/32", budget_slice_tokens=slice_tokens)
+        with workers(env) as pool:
+            pool.start(2)
+            task_ids = await enqueue(db, boot.workspace_id, boot.agent_id, 30)
+            left = await wait_terminal(db, task_ids, 60)
+    assert left == 0
+    async with db.read() as conn:
+        ledger_rows = list(await conn.execute(sa.select(cost_events)))
+        ended = list(await conn.execute(sa.select(runs.c.status, runs.c.error_code, runs.c.id)))
+        texts = {
+            row.run_id
+            for row in await conn.execute(
+                sa.select(run_events.c.run_id).where(run_events.c.kind == "text").distinct()
+            )
+        }
+        after = await budget_store.get(conn, boot.workspace_id, budget.id)
+    total = sum(r.cost_usd for r in ledger_rows)
+    assert cap - slice_tokens * USD_PER_TOKEN <= total <= cap + 30 * slice_tokens * USD_PER_TOKEN
+    assert after is not None and after.spent_usd == pytest.approx(total)
+    assert after.reserved_usd == pytest.approx(0.0, abs=1e-9)
+    failed = [r for r in ended if r.status == "failed"]
+    assert failed and {r.error_code for r in failed} == {"budget-exceeded"}
+    stopped = {r.run_id for r in ledger_rows if r.estimated}  # stopped mid-stream
+    assert stopped and stopped <= texts  # each kept what it had streamed
+
+
 @POSTGRES
 async def test_a_worker_killed_mid_stream_leaves_no_reservation_and_counts_no_call_twice(
     settings: Settings, db: Store
@@ -380,50 +469,10 @@ async def test_a_worker_killed_mid_stream_leaves_no_reservation_and_counts_no_ca
     exactly once (a real row, or an estimated one for a killed delivery); the budget agrees
     with the ledger and holds nothing afterwards."""
     boot = await bootstrap(db, settings)
-    usd_per_token = 0.001
     answer = 120  # tokens: 3 s at 40 a second, so a kill finds the calls mid-stream
     config = SimConfig(ttft_ms=50, tokens_per_second=40, response_tokens=answer, models=("sim-1",))
     async with SimulatedProvider(config) as sim:
-        now = utcnow()
-        per_mtok = usd_per_token * 1_000_000
-        async with db.write() as conn:
-            await gateway_store.create_provider(
-                conn,
-                provider_id=uuid.uuid4(),
-                workspace_id=boot.workspace_id,
-                values={
-                    "name": "priced",
-                    "base_url": sim.base_url,
-                    "models": [
-                        {"name": "sim-1", "input_per_mtok": per_mtok, "output_per_mtok": per_mtok}
-                    ],
-                    "connect_timeout_s": 5.0,
-                    "ttft_timeout_s": 30.0,
-                    "idle_timeout_s": 30.0,
-                    "deadline_s": 120.0,
-                },
-                now=now,
-            )
-            await conn.execute(
-                agents.update()
-                .where(agents.c.id == boot.agent_id)
-                .values(config={"provider": "priced", "model": "sim-1"})
-            )
-            budget = await budget_store.insert(
-                conn,
-                {
-                    "workspace_id": boot.workspace_id,
-                    "scope": "workspace",
-                    "amount_usd": 1000.0,
-                    "period": "lifetime",
-                    "timezone": "UTC",
-                    "warn_percent": None,
-                    "hard_stop": True,
-                    "period_start": now,
-                    "created_at": now,
-                    "updated_at": now,
-                },
-            )
+        budget = await _priced_under_a_budget(db, boot, sim.base_url, 1000.0)
         env = worker_env(settings, outbound_allow="127.0.0.1/32", budget_slice_tokens=16)
         with workers(env) as pool:
             (victim,) = pool.start(1)
@@ -454,9 +503,11 @@ async def test_a_worker_killed_mid_stream_leaves_no_reservation_and_counts_no_ca
     real = [r for r in rows if not r.estimated]
     charged = [r for r in rows if r.estimated]
     # One row per call the provider served: each whole answer once, each killed call once.
-    assert len(real) == len(task_ids) and {r.output_tokens for r in real} == {answer}
+    assert len(real) == len(task_ids) and {r.output_tokens for r in real} == {answer}, [
+        (r.run_id, r.estimated, r.provider, r.output_tokens, r.cost_usd) for r in rows
+    ]
     assert len(charged) == held and {r.provider for r in charged} == {budget_store.UNKNOWN}
     assert len(rows) == served
     # A killed call is charged what it held: all the output it had been sent, within one slice.
     partial = streamed - answer * len(real)
-    assert sum(r.cost_usd for r in charged) >= (partial - 16 * held) * usd_per_token
+    assert sum(r.cost_usd for r in charged) >= (partial - 16 * held) * USD_PER_TOKEN

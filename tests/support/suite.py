@@ -87,6 +87,7 @@ SERIAL = (
     # loop one read carried 70-100 (measured), whatever the reservation's speed.
     "integration/gateway/test_relay_budgets.py::test_concurrent_relay_streams_never_pass_a_budget_by_more_than_a_slice_each",
     "faults/test_worker_faults.py::test_a_worker_killed_mid_stream_leaves_no_reservation_and_counts_no_call_twice",
+    "faults/test_worker_faults.py::test_two_workers_never_spend_past_a_budget_by_more_than_a_slice_a_call",
 )
 
 # Tests that need the PostgreSQL server without a `postgres` parameter saying so.
