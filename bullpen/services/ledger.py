@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -18,6 +20,11 @@ log = logging.getLogger(__name__)
 
 # Usage rows kept in memory while the database is away; beyond it the oldest are dropped.
 _MAX_PENDING = 100_000
+# How long the rows of calls under a budget wait to be committed together. Settling them is
+# a transaction of its own (the budgets' figures with the rows), so fewer, larger batches
+# cost less; nothing waits on them, and a crash loses none: until they commit, their pool's
+# reservation still holds what they drew, and a dead process's pool is charged in full.
+DRAW_LINGER_S = 0.25
 
 
 # Rows waiting for a commit, each with what its call drew from a budget pool (settled in the
@@ -57,6 +64,8 @@ class UsageLedger:
         self._in_flight = in_flight
         self._linger_s = linger_s
         self._pending: _Batch = []
+        self._drawn: _Batch = []  # rows under a budget, lingering longer (DRAW_LINGER_S)
+        self._drawn_since = 0.0
         self._committing: set[asyncio.Task[bool]] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -77,6 +86,8 @@ class UsageLedger:
                 pass
         if self._committing:
             await asyncio.wait(self._committing)
+        self._pending += self._drawn
+        self._drawn = []
         while self._pending and await self._commit(self._take()):
             pass
 
@@ -84,16 +95,38 @@ class UsageLedger:
         """Queue one row (every `cost_events` column but `id`) and what its call drew from a
         budget pool (settled with it); the future says it committed."""
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((row, draw, future))
-        self._wake.set()
+        if draw is None:
+            self._pending.append((row, draw, future))
+            self._wake.set()
+        else:
+            if not self._drawn:  # the loop learns when these are due
+                self._drawn_since = time.monotonic()
+                self._wake.set()
+            self._drawn.append((row, draw, future))
+            if len(self._drawn) >= self._max_batch:
+                self._wake.set()
         return future
+
+    def _draws_due_in(self) -> float | None:
+        """Seconds until the rows under a budget are due (None: there are none)."""
+        if not self._drawn:
+            return None
+        if len(self._drawn) >= self._max_batch:
+            return 0.0
+        return max(0.0, self._drawn_since + DRAW_LINGER_S - time.monotonic())
 
     async def _run(self) -> None:
         while True:
-            await self._wake.wait()
-            if self._linger_s > 0 and len(self._pending) < self._max_batch:
+            due = self._draws_due_in()
+            if due is None or due > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), due)
+            if self._pending and self._linger_s > 0 and len(self._pending) < self._max_batch:
                 await asyncio.sleep(self._linger_s)  # the rows of calls ending meanwhile join
             self._wake.clear()
+            if self._draws_due_in() == 0.0:
+                self._pending += self._drawn
+                self._drawn = []
             if self._away:
                 await asyncio.sleep(1.0)  # the database was away: try again shortly
                 self._away = False

@@ -514,8 +514,8 @@ class RelayBudgets:
         pool.drawn_usd -= drawn
         pool.held_usd -= moved
         self._left(pool)
-        if pool.reservation_id is None or (drawn <= 0 and cost <= 0):
-            return None
+        if pool.reservation_id is None or cost <= 0:
+            return None  # nothing to move into the spend: what it drew stays in the pool
         return Draw(pool.workspace_id, pool.reservation_id, pool.budget_ids, drawn, cost)
 
     def _left(self, pool: _Pool) -> None:
