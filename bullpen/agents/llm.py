@@ -17,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -43,6 +44,9 @@ from bullpen.errors import AgentLoop, AgentStopped, BullpenError
 from bullpen.gateway.catalog import Target
 from bullpen.gateway.chunks import ToolCalls
 from bullpen.gateway.router import Call, Gateway, content_of
+
+if TYPE_CHECKING:
+    from bullpen.telemetry.spans import Tracing
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful agent working on a task for your team."
 TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"  # a tool's name, as `approval_tools` lists it
@@ -288,10 +292,18 @@ class _Usage:
 class LlmAdapter:
     """Runs `llm` agents: the tool loop, over the gateway."""
 
-    def __init__(self, gateway: Gateway, team: TeamPort, spend: SpendPort | None = None) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        team: TeamPort,
+        spend: SpendPort | None = None,
+        *,
+        tracing: Tracing | None = None,
+    ) -> None:
         self._gateway = gateway
         self._team = team
         self._spend = spend
+        self._tracing = tracing
 
     async def run(self, ctx: RunContext) -> RunOutcome:
         """Run the loop; provider failures and ceilings end the run `failed`, never raise."""
@@ -388,7 +400,9 @@ class LlmAdapter:
                         if config.max_cost_usd is not None:
                             ceiling = config.max_cost_usd - usage.task_usd
                         meter = await self._spend.open_call(run, chain, request, ceiling)
-                    text, calls = await self._complete(chain, request, call, ctx.events, meter)
+                    text, calls = await self._complete(
+                        config.model, chain, request, call, ctx.events, meter
+                    )
             except TimeoutError:
                 usage.add(call, offset, meter)
                 wall = f"{config.max_wall_s:g}"
@@ -456,8 +470,8 @@ class LlmAdapter:
                     },
                 )
                 return usage.outcome(None, None, awaits_approval=True)
-            done: StepResult = await self._team.commit_step(
-                run,
+            done = await self._commit(
+                ctx,
                 step=step,
                 messages=[*pending, assistant],
                 calls=calls,
@@ -484,8 +498,8 @@ class LlmAdapter:
         if not held.approved:
             why = f": {held.reason}" if held.reason else ""
             denied = (held.tools, f"an approver denied this call{why}")
-        done = await self._team.commit_step(
-            ctx.run,
+        done = await self._commit(
+            ctx,
             step=step,
             messages=held.messages,
             calls=held.calls,
@@ -499,7 +513,68 @@ class LlmAdapter:
             )
         return done
 
+    async def _commit(
+        self,
+        ctx: RunContext,
+        *,
+        step: int,
+        messages: list[dict[str, Any]],
+        calls: list[ToolCall],
+        reports: list[Report],
+        cost_usd: float,
+        denied: tuple[frozenset[str], str] | None = None,
+    ) -> StepResult:
+        """Carry out a step's tool calls and commit it: every tool call of a run goes through
+        here, and is traced here (a span per call)."""
+        tracing = self._tracing
+        spans = tracing.start_tools(step, [(c.id, c.name) for c in calls]) if tracing else None
+        try:
+            done = await self._team.commit_step(
+                ctx.run,
+                step=step,
+                messages=messages,
+                calls=calls,
+                reports=reports,
+                cost_usd=cost_usd,
+                denied=denied,
+            )
+        except BaseException as exc:
+            if tracing is not None and spans is not None:
+                tracing.end_tools(spans, None, exc)
+            raise
+        if tracing is not None and spans is not None:
+            tracing.end_tools(spans, done.results)
+        return done
+
     async def _complete(
+        self,
+        requested: str,
+        chain: tuple[Target, ...],
+        request: dict[str, Any],
+        call: Call,
+        events: Events,
+        meter: MeterPort | None,
+    ) -> tuple[str, list[ToolCall]]:
+        """One streaming completion: its text (streamed into the run) and tool calls; traced
+        once it has ended (`requested`: the model the agent's config names).
+
+        With a meter, the output is reserved as it arrives; a refusal stops the stream there
+        (closed at once, so the provider stops and the call's usage is settled)."""
+        if self._tracing is None:
+            return await self._stream(chain, request, call, events, meter)
+        started_ns = time.time_ns()
+        failure: BaseException | None = None
+        try:
+            return await self._stream(chain, request, call, events, meter)
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            self._tracing.llm_call(
+                call, requested=requested, started_ns=started_ns, request=request, error=failure
+            )
+
+    async def _stream(
         self,
         chain: tuple[Target, ...],
         request: dict[str, Any],
@@ -507,10 +582,6 @@ class LlmAdapter:
         events: Events,
         meter: MeterPort | None,
     ) -> tuple[str, list[ToolCall]]:
-        """One streaming completion: its text (streamed into the run) and tool calls.
-
-        With a meter, the output is reserved as it arrives; a refusal stops the stream there
-        (closed at once, so the provider stops and the call's usage is settled)."""
         parts: list[str] = []
         pieces = ToolCalls()
         # Output as the gateway counts it when the provider reports no usage (a stopped

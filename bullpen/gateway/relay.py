@@ -78,6 +78,7 @@ class Settle:
         "_clock",
         "_done",
         "_ledger",
+        "_observe",
         "_principal",
         "_rates",
         "_slots",
@@ -95,8 +96,10 @@ class Settle:
         clock: Callable[[], datetime],
         rates: KeyRates | None = None,
         ticket: Any = None,
+        observe: Callable[[Call], None] | None = None,
     ) -> None:
         self._call = call
+        self._observe = observe
         self._chunks = chunks
         self._principal = principal
         self._ledger = ledger
@@ -128,6 +131,8 @@ class Settle:
             used = call.input_tokens + call.output_tokens if call.served_by is not None else 0
             self._rates.settle(self._ticket, used)
         self._slots.give_back(str(self._principal.workspace_id), self._principal.scope_id)
+        if self._observe is not None:  # tracing: the call's span, now that it has ended
+            self._observe(self._call)
 
 
 async def open_call(
@@ -141,11 +146,12 @@ async def open_call(
     slots: StreamSlots,
     clock: Callable[[], datetime],
     rates: KeyRates | None = None,
+    observe: Callable[[Call], None] | None = None,
 ) -> tuple[Call, Chunks, Settle]:
     """Start one relayed call: the call's record, its chunks (not read yet) and its settling.
 
     An unknown model, a caller out of slots or a key over its requests or tokens per minute
-    raises here, before anything needs settling."""
+    raises here, before anything needs settling. `observe` is given the call once it ended."""
     catalog = await catalogs.catalog(principal.workspace_id)
     chain = catalog.resolve(model)
     workspace, caller = str(principal.workspace_id), principal.scope_id
@@ -176,6 +182,7 @@ async def open_call(
             clock=clock,
             rates=rates,
             ticket=ticket,
+            observe=observe,
         ),
     )
 

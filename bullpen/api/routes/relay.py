@@ -71,6 +71,15 @@ async def list_models(principal: Caller, svc: ServicesDep) -> ModelCards:
 
 async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDep) -> Response:
     """Call a model through the gateway, streamed or not."""
+    observe = None
+    if svc.tracing is not None:  # the call's span: the caller's key id, never the key
+        observe = svc.tracing.observer(
+            body.model,
+            {
+                "bullpen.workspace.id": str(principal.workspace_id),
+                **_caller_attributes(principal),
+            },
+        )
     call, chunks, settle = await open_call(
         svc.directory,
         svc.gateway.router,
@@ -81,6 +90,7 @@ async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDe
         slots=svc.relay_slots,
         clock=svc.clock,
         rates=svc.relay_rates,
+        observe=observe,
     )
     answer = RelayAnswer(body.model)
     try:
@@ -156,6 +166,13 @@ router.add_api_route(
     },
     summary="Create a chat completion (OpenAI-compatible)",
 )
+
+
+def _caller_attributes(principal: Principal) -> dict[str, str]:
+    """Who called, as span attributes: ids only."""
+    if principal.api_key_id is not None:
+        return {"bullpen.api_key.id": str(principal.api_key_id)}
+    return {"bullpen.user.id": str(principal.user_id)} if principal.user_id else {}
 
 
 def _served_headers(call: Call) -> dict[str, str]:
