@@ -303,9 +303,12 @@ class Settings(BaseSettings):
                 f"OTLP protocol {protocol!r} is not supported: Bullpen exports traces over "
                 "OTLP/HTTP (OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf)"
             )
-        for url in (self.otel_exporter_otlp_endpoint, self.otel_exporter_otlp_traces_endpoint):
+        for name, url in (
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", self.otel_exporter_otlp_endpoint),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", self.otel_exporter_otlp_traces_endpoint),
+        ):  # the value is not repeated: a URL may carry credentials
             if url and not url.startswith(("http://", "https://")):
-                raise ValueError(f"OTLP endpoint must be an http:// or https:// URL, not {url!r}")
+                raise ValueError(f"{name} must be an http:// or https:// URL")
         return self
 
     @property

@@ -1,0 +1,267 @@
+"""Traces across an API and a worker (issue 24): two Bullpen services on one PostgreSQL
+database, each with its own tracer provider and in-memory exporter, as two processes would be.
+
+One task, created with a client's `traceparent`, runs an `llm` agent on a route whose first
+provider fails (503), so each LLM call falls back; the scripted model calls `comment`, then
+`finish`. Its spans must form one tree in the client's trace: the API's request span, the
+worker's run span under it, and under that each LLM call with its two provider attempts and
+each tool call, with the GenAI attributes. A relayed call carries the caller's key id. The
+provider's key and the caller's API key (canaries) appear in no span of either service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from bullpen.app import Services, build, open_store, utcnow
+from bullpen.security.secrets import load_secret
+from bullpen.services.bootstrap import ensure_bootstrap
+from bullpen.settings import Settings
+from bullpen.simulator.provider import SimConfig, SimulatedProvider
+from tests.support.canary import encodings
+from tests.support.http import call
+from tests.support.servers import RunningServer, start_server
+
+CANARY = "sk-canary-" + secrets.token_hex(16)
+TRACE_ID = secrets.token_hex(16)
+CLIENT_SPAN = secrets.token_hex(8)
+SCRIPT = [
+    {"tool_calls": [{"name": "comment", "arguments": {"body": "looking into it"}}]},
+    {"tool_calls": [{"name": "finish", "arguments": {"result": "three metrics"}}]},
+]
+
+
+@asynccontextmanager
+async def api_and_worker(
+    settings: Settings,
+) -> AsyncIterator[tuple[RunningServer, InMemorySpanExporter, Services, InMemorySpanExporter]]:
+    """An API without a worker on a socket, and a worker without an API, each traced."""
+    async with open_store(settings) as store:
+        boot = await ensure_bootstrap(
+            store, load_secret(settings.secret_key, settings.data_dir), utcnow
+        )
+    api_spans, worker_spans = InMemorySpanExporter(), InMemorySpanExporter()
+    api_settings = settings.model_copy(update={"worker_enabled": False})
+    worker_settings = settings.model_copy(update={"worker_enabled": True, "poll_interval_s": 0.1})
+    async with build(worker_settings, span_exporter=worker_spans) as worker:
+        srv, task, base_url = await start_server(api_settings, span_exporter=api_spans)
+        try:
+            api = RunningServer(base_url, srv.config.app.state.services, boot, api_settings)
+            assert api.services.worker is None and worker.worker is not None
+            yield api, api_spans, worker, worker_spans
+        finally:
+            srv.should_exit = True
+            await asyncio.wait_for(task, 15)
+
+
+@pytest.fixture
+async def sims() -> AsyncIterator[list[SimulatedProvider]]:
+    """`primary` (it requires the canary key, and fails with 503) and `backup`."""
+    base = {"ttft_ms": 5, "tokens_per_second": 2000, "response_tokens": 8, "models": ("m",)}
+    started = [
+        SimulatedProvider(SimConfig(**base, api_key=CANARY, fault="503")),  # type: ignore[arg-type]
+        SimulatedProvider(SimConfig(**base)),  # type: ignore[arg-type]
+    ]
+    for sim in started:
+        await sim.__aenter__()
+    try:
+        yield started
+    finally:
+        for sim in started:
+            await sim.__aexit__(None, None, None)
+
+
+async def configure(
+    http: aiohttp.ClientSession, api: RunningServer, sims: list[SimulatedProvider]
+) -> str:
+    """Providers `primary` and `backup`, route `smart` over both, a scripted agent on it."""
+    for name, sim, key in (("primary", sims[0], CANARY), ("backup", sims[1], None)):
+        body: dict[str, Any] = {
+            "name": name,
+            "base_url": sim.base_url,
+            "models": [{"name": "m", "input_per_mtok": 3.0, "output_per_mtok": 15.0}],
+        }
+        if key:
+            body["api_key"] = key
+        assert (await call(http, api, "POST", "/api/v1/providers", body=body)).status == 201
+    chain = [{"provider": "primary", "model": "m"}, {"provider": "backup", "model": "m"}]
+    made = await call(
+        http, api, "POST", "/api/v1/model-routes", body={"name": "smart", "chain": chain}
+    )
+    assert made.status == 201, made.text
+    agent = await call(
+        http,
+        api,
+        "POST",
+        "/api/v1/agents",
+        body={
+            "name": "analyst",
+            "title": "Analyst",
+            "config": {
+                "model": "smart",
+                "system_prompt": f"You analyse.\n<sim-script>{json.dumps(SCRIPT)}</sim-script>",
+            },
+        },
+    )
+    assert agent.status == 201, agent.text
+    return str(agent.body["id"])
+
+
+async def wait_done(http: aiohttp.ClientSession, api: RunningServer, task_id: str) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        task = (await call(http, api, "GET", f"/api/v1/tasks/{task_id}")).body
+        if task["status"] in ("done", "failed") or time.monotonic() > deadline:
+            assert task["status"] == "done", task
+            return
+        await asyncio.sleep(0.05)
+
+
+def one(spans: Sequence[ReadableSpan], name: str) -> ReadableSpan:
+    found = [s for s in spans if s.name == name]
+    assert len(found) == 1, (name, [s.name for s in spans])
+    return found[0]
+
+
+def children(spans: Sequence[ReadableSpan], parent: ReadableSpan) -> list[ReadableSpan]:
+    own = parent.get_span_context().span_id
+    return sorted(
+        (s for s in spans if s.parent is not None and s.parent.span_id == own),
+        key=lambda s: s.start_time or 0,
+    )
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+async def test_a_run_is_one_trace_across_api_and_worker(
+    settings: Settings, http: aiohttp.ClientSession, sims: list[SimulatedProvider]
+) -> None:
+    async with api_and_worker(settings) as (api, api_spans, worker, worker_spans):
+        key_id = str((await api.services.auth.authenticate_key(api.boot.api_key or "")).api_key_id)
+        agent_id = await configure(http, api, sims)
+        traceparent = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
+        created = await call(
+            http,
+            api,
+            "POST",
+            "/api/v1/tasks",
+            headers={**api.auth, "traceparent": traceparent},
+            body={"prompt": "Analyze this dataset and extract key metrics", "agent_id": agent_id},
+        )
+        assert created.status == 201, created.text
+        await wait_done(http, api, created.body["id"])
+        relay = {
+            "model": "smart",
+            "messages": [{"role": "user", "content": "Hello"}],
+            "stream": True,
+        }
+        async with http.post(
+            api.base_url + "/v1/chat/completions", json=relay, headers=api.auth
+        ) as resp:
+            assert resp.status == 200
+            assert (await resp.text()).endswith("data: [DONE]\n\n")
+        assert api.services.tracing is not None and worker.tracing is not None
+        api.services.tracing.flush()
+        worker.tracing.flush()
+    from_api, from_worker = api_spans.get_finished_spans(), worker_spans.get_finished_spans()
+
+    # The API: the client's trace continues in the request's span.
+    create = one(from_api, "POST /api/v1/tasks")
+    assert create.kind is SpanKind.SERVER
+    assert f"{create.context.trace_id:032x}" == TRACE_ID
+    assert create.parent is not None and f"{create.parent.span_id:016x}" == CLIENT_SPAN
+    assert create.parent.is_remote
+    assert create.attributes is not None
+    assert create.attributes["http.route"] == "/api/v1/tasks"
+    assert create.attributes["http.response.status_code"] == 201
+    assert create.attributes["bullpen.api_key.id"] == key_id
+    routed = [s for s in from_api if s.name == "GET /api/v1/tasks/{task_id}"]
+    assert routed and all(s.context.trace_id != create.context.trace_id for s in routed)
+
+    # The worker: one delivery, under the request that created the run, in the same trace.
+    run = one(from_worker, "invoke_agent analyst")
+    assert run.parent is not None and run.parent.span_id == create.context.span_id
+    assert {s.context.trace_id for s in from_worker} == {create.context.trace_id}
+    assert run.attributes is not None
+    assert run.attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert run.attributes["gen_ai.agent.id"] == agent_id
+    assert run.attributes["bullpen.task.id"] == created.body["id"]
+    assert run.attributes["bullpen.run.status"] == "done"
+    assert run.attributes["gen_ai.provider.name"] == "backup"
+    assert run.attributes["bullpen.cost_usd"] > 0
+    assert run.status.status_code is StatusCode.UNSET
+
+    steps = children(from_worker, run)
+    assert [s.name for s in steps] == [
+        "chat smart",
+        "execute_tool comment",
+        "chat smart",
+        "execute_tool finish",
+    ]
+    for chat in (steps[0], steps[2]):
+        attrs = chat.attributes
+        assert attrs is not None
+        assert attrs["gen_ai.operation.name"] == "chat"
+        assert attrs["gen_ai.request.model"] == "smart"
+        assert attrs["gen_ai.response.model"] == "m"
+        assert attrs["gen_ai.provider.name"] == attrs["gen_ai.system"] == "backup"
+        assert attrs["gen_ai.usage.input_tokens"] > 0 and attrs["gen_ai.usage.output_tokens"] > 0
+        assert attrs["gen_ai.response.finish_reasons"] == ("tool_calls",)
+        assert attrs["bullpen.ttft_ms"] > 0
+        assert attrs["bullpen.cost_usd"] == pytest.approx(
+            (attrs["gen_ai.usage.input_tokens"] * 3 + attrs["gen_ai.usage.output_tokens"] * 15)
+            / 1e6
+        )
+        failed, served = children(from_worker, chat)
+        assert (failed.name, failed.kind, served.name, served.kind) == (
+            "chat m",
+            SpanKind.CLIENT,
+            "chat m",
+            SpanKind.CLIENT,
+        )
+        assert failed.attributes is not None and served.attributes is not None
+        assert failed.attributes["gen_ai.provider.name"] == "primary"
+        assert failed.attributes["error.type"] == "http-503"
+        assert failed.status.status_code is StatusCode.ERROR
+        assert served.attributes["gen_ai.provider.name"] == "backup"
+        assert served.attributes["bullpen.gateway.outcome"] == "ok"
+        assert failed.end_time is not None and served.start_time is not None
+        assert failed.end_time <= served.start_time
+    for tool, name in ((steps[1], "comment"), (steps[3], "finish")):
+        assert tool.attributes is not None
+        assert tool.attributes["gen_ai.operation.name"] == "execute_tool"
+        assert tool.attributes["gen_ai.tool.name"] == name
+        assert str(tool.attributes["gen_ai.tool.call.id"])
+        assert tool.status.status_code is StatusCode.UNSET
+
+    # The relay: its call under its request, with the caller's key id.
+    request = one(from_api, "POST /v1/chat/completions")
+    [relayed] = children(from_api, request)
+    assert relayed.name == "chat smart"
+    assert relayed.attributes is not None and request.attributes is not None
+    assert relayed.attributes["bullpen.api_key.id"] == key_id
+    assert request.attributes["bullpen.api_key.id"] == key_id
+    assert relayed.attributes["gen_ai.provider.name"] == "backup"
+    assert [s.attributes["gen_ai.provider.name"] for s in children(from_api, relayed)] == [
+        "primary",
+        "backup",
+    ]
+
+    # No secret in any span: the provider's key, the caller's key.
+    assert api.boot.api_key
+    dumped = "".join(s.to_json() for s in (*from_api, *from_worker))
+    for secret in (CANARY, api.boot.api_key):
+        for form in encodings(secret):
+            assert form not in dumped
+    assert "looking into it" not in dumped and "three metrics" not in dumped  # no content
