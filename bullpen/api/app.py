@@ -139,6 +139,10 @@ def create_app(settings: Settings, *, span_exporter: SpanExporter | None = None)
         # /docs is Bullpen's own page (routes/system.py); FastAPI's pages load from a CDN.
         docs_url=None,
         redoc_url=None,
+        # Traces are Bullpen's own (bullpen.api.tracing): FastAPI's native telemetry would not
+        # see the direct endpoints, would add spans per dependency and serialisation, and
+        # records exception messages in logs; off even with FASTAPI_OTEL_AUTO_CONFIGURE set.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "auto_configure": False},
     )
     problems.install(app)
 

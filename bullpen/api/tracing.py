@@ -3,9 +3,12 @@
 Hand-written rather than opentelemetry-instrumentation-asgi: that package wraps `receive` and
 `send` in spans of their own (a span per streamed chunk of an SSE or relay stream unless told
 otherwise), records headers and query strings it is configured to, and brings three more
-packages. This one makes one span per request and reads the response's status from the one
-`http.response.start` message. It runs ahead of everything else, the relay's direct endpoint
-included (`BullpenApp.__call__`), and with tracing off it is not called at all.
+packages (instrumentation-fastapi adds more on top of it). FastAPI's own native telemetry is
+turned off too (`create_app`): it never sees the direct endpoints, adds spans for dependencies
+and serialisation, and logs exception messages. This one makes one span per request and
+reads the response's status from the one `http.response.start` message. It runs ahead of
+everything else, the relay's direct endpoint included (`BullpenApp.__call__`), and with
+tracing off it is not called at all.
 
 An incoming W3C `traceparent` (and `tracestate`) is honoured: the request's span is its child,
 and so is every run the request enqueues (the trace context is stored with the run). The span

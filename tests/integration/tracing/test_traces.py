@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import sqlalchemy as sa
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -30,7 +31,9 @@ from bullpen.security.secrets import load_secret
 from bullpen.services.bootstrap import ensure_bootstrap
 from bullpen.settings import Settings
 from bullpen.simulator.provider import SimConfig, SimulatedProvider
+from bullpen.store.tables import runs
 from tests.support.canary import encodings
+from tests.support.db import rows
 from tests.support.http import call
 from tests.support.servers import RunningServer, start_server
 
@@ -265,3 +268,22 @@ async def test_a_run_is_one_trace_across_api_and_worker(
         for form in encodings(secret):
             assert form not in dumped
     assert "looking into it" not in dumped and "three metrics" not in dumped  # no content
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+async def test_with_tracing_off_a_traceparent_is_neither_followed_nor_stored(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    assert server.services.tracing is None
+    assert server.services.worker is not None
+    created = await call(
+        http,
+        server,
+        "POST",
+        "/api/v1/tasks",
+        headers={**server.auth, "traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN}-01"},
+        body={"prompt": "Analyze this", "agent_id": str(server.boot.agent_id)},
+    )
+    assert created.status == 201, created.text
+    [run] = await rows(server, sa.select(runs.c.trace_parent, runs.c.status))
+    assert run.trace_parent is None
