@@ -164,6 +164,8 @@ async def test_a_run_is_one_trace_across_api_and_worker(
         )
         assert created.status == 201, created.text
         await wait_done(http, api, created.body["id"])
+        shown = await call(http, api, "GET", f"/api/v1/tasks/{created.body['id']}")
+        assert shown.body["run"]["trace_id"] == TRACE_ID
         relay = {
             "model": "smart",
             "messages": [{"role": "user", "content": "Hello"}],
@@ -287,3 +289,5 @@ async def test_with_tracing_off_a_traceparent_is_neither_followed_nor_stored(
     assert created.status == 201, created.text
     [run] = await rows(server, sa.select(runs.c.trace_parent, runs.c.status))
     assert run.trace_parent is None
+    shown = await call(http, server, "GET", f"/api/v1/tasks/{created.body['id']}")
+    assert shown.body["run"]["trace_id"] is None
