@@ -49,7 +49,7 @@ from bullpen.services.housekeeping import Housekeeper, Retention
 from bullpen.services.invitations import InvitationService
 from bullpen.services.ledger import UsageLedger
 from bullpen.services.routines import RoutineService, Scheduler
-from bullpen.services.spend import RunSpend, Spend
+from bullpen.services.spend import RelayBudgets, RunSpend, Spend
 from bullpen.services.tasks import TaskService
 from bullpen.services.team import Team
 from bullpen.services.users import UserService
@@ -97,6 +97,7 @@ class Services:
     ledger: UsageLedger
     relay_slots: Slots
     relay_rates: KeyWindows  # API keys' requests and tokens per minute, in this process
+    relay_budgets: RelayBudgets  # budgets' pools for relayed calls, in this process
     provider_defaults: Timeouts
     # BULLPEN_OUTBOUND_ALLOW, parsed (issue 19, finding 2: provider URLs are checked too).
     outbound: OutboundAllow
@@ -215,7 +216,7 @@ async def build(
             directory,
         )
         ledger = await stack.enter_async_context(
-            UsageLedger(store, linger_s=settings.ledger_linger_ms / 1000)
+            UsageLedger(store, clock, linger_s=settings.ledger_linger_ms / 1000)
         )
         worker: Worker | None = None
         # Who hears of a run enqueued here (filled below): this process's worker, and the
@@ -229,6 +230,9 @@ async def build(
         )
         team = Team(store, clock, _all(wakeups), admission=admission)
         spend = Spend(store, clock, slice_tokens=settings.budget_slice_tokens)
+        relay_budgets = await stack.enter_async_context(
+            RelayBudgets(spend, store, clock, idle_s=settings.budget_pool_idle_s)
+        )
         notifier: Notifier | None = None
         if (direct := settings.direct_database_url) is not None:
             # PostgreSQL: other processes hear of enqueues (NOTIFY on a direct connection)
@@ -349,6 +353,7 @@ async def build(
                 per_caller=settings.relay_max_streams_per_key,
             ),
             relay_rates=KeyWindows(),
+            relay_budgets=relay_budgets,
             provider_defaults=defaults,
             outbound=outbound,
             worker=worker,

@@ -43,6 +43,12 @@ class BullpenError(Exception):
     # Whether trying the same thing again later may succeed (a run is then retried with backoff).
     transient_by_default: ClassVar[bool] = False
 
+    @property
+    def openai_error(self) -> tuple[str, str] | None:
+        """The `type` and `code` of OpenAI's `error` member on the relay, where OpenAI has its
+        own words for this error (None: the slug)."""
+        return None
+
     def __init__(
         self,
         detail: str,
@@ -169,6 +175,11 @@ class KeyRateLimited(RateLimited):
         super().__init__(detail, retry_after=retry_after)
         self.kind = kind
 
+    @property
+    def openai_error(self) -> tuple[str, str] | None:
+        """OpenAI's `requests` / `tokens` with `rate_limit_exceeded`."""
+        return (self.kind, self.openai_code)
+
 
 class Unavailable(BullpenError):
     """A dependency such as the database is unreachable; retry later."""
@@ -290,3 +301,8 @@ class BudgetExceeded(BullpenError):
     status = 429
     slug = "budget-exceeded"
     title = "Budget exceeded"
+
+    @property
+    def openai_error(self) -> tuple[str, str] | None:
+        """OpenAI's out-of-credit answer, which its clients do not retry."""
+        return ("insufficient_quota", "insufficient_quota")

@@ -74,3 +74,5 @@ def configure(log_format: str = "auto", level: str = "INFO", stream: TextIO | No
     # Alembic says a line per revision (and two about its own set-up); bullpen.store.migrate
     # sums a start-up's migrations up in one.
     logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
+    # The MCP SDK says a line per stateless `/mcp` request ("Terminating session: None").
+    logging.getLogger("mcp").setLevel(logging.WARNING)

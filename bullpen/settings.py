@@ -193,6 +193,8 @@ class Settings(BaseSettings):
     # one moves on to the next provider of the route at once.
     # Output tokens a streaming call reserves against its budgets at a time (docs/budgets.md).
     budget_slice_tokens: int = Field(default=512, ge=16, le=100_000)
+    # A process gives back a relay budget pool no call has used for this long (docs/spend.md).
+    budget_pool_idle_s: float = Field(default=5.0, gt=0, le=3600)
     gateway_retry_after_max_s: float = Field(default=2.0, ge=0)
     # A provider's circuit breaker opens after this many failures within the window, skips the
     # provider for the cooldown, then lets one probe through.

@@ -42,7 +42,7 @@ from bullpen.domain.runs import RunOutcome
 from bullpen.domain.status import RunStatus
 from bullpen.errors import AgentLoop, AgentStopped, BullpenError
 from bullpen.gateway.catalog import Target
-from bullpen.gateway.chunks import ToolCalls
+from bullpen.gateway.chunks import OutputCount, ToolCalls
 from bullpen.gateway.router import Call, Gateway, content_of
 
 if TYPE_CHECKING:
@@ -584,9 +584,7 @@ class LlmAdapter:
     ) -> tuple[str, list[ToolCall]]:
         parts: list[str] = []
         pieces = ToolCalls()
-        # Output as the gateway counts it when the provider reports no usage (a stopped
-        # stream): a token a content chunk, or four characters one, whichever is more.
-        text_chars = tool_chars = text_chunks = 0
+        output = OutputCount()
         stream = self._gateway.router.stream(chain, request, call)
         async with contextlib.aclosing(stream):
             async for batch in stream:
@@ -595,36 +593,12 @@ class LlmAdapter:
                     if text:
                         parts.append(text)
                         events.text(text)
-                        text_chars += len(text)
-                        text_chunks += 1
-                    tool_chars += _tool_chars(chunk)
+                    output.add(chunk, text)
                     pieces.add(chunk)
                 if meter is not None:
-                    text_tokens = max(text_chunks, -(-text_chars // _CHARS_PER_TOKEN))
-                    await meter.need(text_tokens + -(-tool_chars // _CHARS_PER_TOKEN))
+                    await meter.need(output.tokens)
         found = [ToolCall(c.id or f"call_{c.index}", c.name, c.arguments) for c in pieces.calls()]
         return "".join(parts), found
-
-
-_CHARS_PER_TOKEN = 4  # as the gateway counts output a provider did not report
-
-
-def _tool_chars(chunk: dict[str, Any]) -> int:
-    """Characters of tool call arguments in a chunk (output the model is billed for)."""
-    choices = chunk.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return 0
-    delta = choices[0].get("delta")
-    pieces = delta.get("tool_calls") if isinstance(delta, dict) else None
-    if not isinstance(pieces, list):
-        return 0
-    total = 0
-    for piece in pieces:
-        function = piece.get("function") if isinstance(piece, dict) else None
-        arguments = function.get("arguments") if isinstance(function, dict) else None
-        if isinstance(arguments, str):
-            total += len(arguments)
-    return total
 
 
 class _Delivered(Exception):

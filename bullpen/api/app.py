@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bullpen import __version__, gcpolicy
@@ -18,6 +19,8 @@ from bullpen.api.deps import access_of
 from bullpen.api.direct import DirectEndpoint
 from bullpen.api.headers import SecurityHeaders
 from bullpen.api.limits import BodyLimit
+from bullpen.api.mcp.server import PATH as MCP_PATH
+from bullpen.api.mcp.server import McpEndpoint
 from bullpen.api.problems import RELAY_PREFIX
 from bullpen.api.routes import (
     agents,
@@ -36,6 +39,9 @@ from bullpen.api.routes import (
     system,
     tasks,
     ui,
+    ui_agents,
+    ui_approvals,
+    ui_tasks,
     users,
     workspaces,
 )
@@ -116,10 +122,11 @@ def create_app(settings: Settings, *, span_exporter: SpanExporter | None = None)
     """The HTTP application; its lifespan starts and stops every service.
 
     `span_exporter` (tests): spans go there too, and tracing is on whatever the settings."""
+    mcp = McpEndpoint(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with build(settings, span_exporter=span_exporter) as services:
+        async with build(settings, span_exporter=span_exporter) as services, mcp.run():
             app.state.services = services
             if services.tracing is not None:
                 from bullpen.api.tracing import traced  # OpenTelemetry only when tracing
@@ -156,6 +163,10 @@ def create_app(settings: Settings, *, span_exporter: SpanExporter | None = None)
         _document_access(router)
         app.include_router(router)
     app.include_router(ui.router)
+    for page_router in (ui_tasks.router, ui_agents.router, ui_approvals.router):
+        app.include_router(page_router)
+    # An ASGI app as the endpoint: every method reaches it (it answers 405 itself).
+    app.router.routes.append(Route(MCP_PATH, mcp, include_in_schema=False))
     openapi.install(app)
     app.direct = {
         "/v1/chat/completions": DirectEndpoint(relay.chat_request, settings.relay_max_body_bytes)

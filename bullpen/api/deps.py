@@ -212,17 +212,14 @@ async def audit_denial(request: Request, reason: str) -> None:
     principal: Principal | None = getattr(request.state, "principal", None)
     if principal is None:
         return  # refused before anyone was identified (e.g. a cross-site form post)
-    svc = services_of(request)
+    data = {"method": request.method, "path": request.url.path, "reason": reason}
+    await record_denial(services_of(request), principal, data)
+
+
+async def record_denial(svc: Services, principal: Principal, data: dict[str, Any]) -> None:
+    """Audit a refusal (`access.denied`) in its own transaction; `data` says what was refused."""
     async with svc.store.write() as conn:
-        await audit.record_by(
-            conn,
-            principal,
-            "access.denied",
-            "route",
-            None,
-            svc.clock(),
-            {"method": request.method, "path": request.url.path, "reason": reason},
-        )
+        await audit.record_by(conn, principal, "access.denied", "route", None, svc.clock(), data)
 
 
 async def require_json(request: Request) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -57,10 +57,20 @@ class _Outcome:
 class IdempotentWrite:
     """One write request's transaction; replays or records its outcome when a key was sent."""
 
-    def __init__(self, request: Request, svc: Services, key: str | None) -> None:
-        self._request = request
+    def __init__(
+        self,
+        svc: Services,
+        key: str | None,
+        *,
+        route: str,
+        body: Callable[[], Awaitable[bytes]],
+        instance: str,
+    ) -> None:
         self._svc = svc
         self._key = key
+        self._route = route  # what the key is scoped to besides the caller: "POST /api/v1/tasks"
+        self._body = body  # the request as sent, fingerprinted as canonical JSON
+        self._instance = instance  # a stored problem's `instance`
         self._outcome: _Outcome | None = None
         self._operating = False  # errors from here on are the operation's own outcome
         self.replayed: Response | None = None
@@ -81,10 +91,10 @@ class IdempotentWrite:
         scope = keys.Scope(
             principal.workspace_id,
             principal.scope_id,
-            f"{self._request.method} {self._request.url.path}",
+            self._route,
             self._key,
         )
-        fingerprint = hashlib.sha256(_canonical(await self._request.body())).digest()
+        fingerprint = hashlib.sha256(_canonical(await self._body())).digest()
         try:
             async with self._svc.store.write() as conn:
                 locked, row = await keys.claim(conn, scope, self._svc.store.dialect)
@@ -102,7 +112,7 @@ class IdempotentWrite:
                         raise _just_completed()
         except BullpenError as err:
             if self._operating and 400 <= err.status < 500 and err.status not in _NOT_STORED:
-                response = problems.from_error(err, self._request.url.path)
+                response = problems.from_error(err, self._instance)
                 outcome = _Outcome(err.status, {}, bytes(response.body))
                 async with self._svc.store.write() as conn:
                     await self._store(conn, scope, fingerprint, outcome)
@@ -208,6 +218,18 @@ async def idempotent_write(
     ] = None,
 ) -> IdempotentWrite:
     """The request's write transaction, with its validated Idempotency-Key if any."""
+    check_key(idempotency_key)
+    return IdempotentWrite(
+        svc,
+        idempotency_key,
+        route=f"{request.method} {request.url.path}",
+        body=request.body,
+        instance=request.url.path,
+    )
+
+
+def check_key(idempotency_key: str | None) -> None:
+    """Refuse (400) a key that is not 1–255 printable ASCII characters."""
     if idempotency_key is not None and not _KEY.fullmatch(idempotency_key):
         raise BadRequest(
             f"{HEADER} must be 1–{KEY_MAX} printable ASCII characters",
@@ -220,7 +242,6 @@ async def idempotent_write(
                 }
             ],
         )
-    return IdempotentWrite(request, svc, idempotency_key)
 
 
 Idempotent = Annotated[IdempotentWrite, Depends(idempotent_write)]

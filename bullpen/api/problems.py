@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 
 from bullpen.api.deps import audit_denial
-from bullpen.errors import BullpenError, KeyRateLimited
+from bullpen.errors import BudgetExceeded, BullpenError
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,10 @@ def from_error(exc: BullpenError, instance: str) -> Response:
     headers = _retry_headers(exc.retry_after) or {}
     if exc.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(exc, BudgetExceeded):
+        # Asking again will not help until someone raises the budget: OpenAI's SDKs obey this
+        # header rather than retrying a 429.
+        headers["x-should-retry"] = "false"
     return problem(
         exc.status,
         exc.slug,
@@ -85,7 +89,7 @@ def from_error(exc: BullpenError, instance: str) -> Response:
         instance=instance,
         errors=exc.errors,
         headers=headers or None,
-        openai=(exc.kind, exc.openai_code) if isinstance(exc, KeyRateLimited) else None,
+        openai=exc.openai_error,
     )
 
 

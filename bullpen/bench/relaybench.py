@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
+import aiohttp
 import orjson
 
 from bullpen.bench.createload import _cpu_s
@@ -57,6 +58,8 @@ SERVER_ENV = {
     # One key drives every stream: its share of the stream slots is the process's whole cap.
     "BULLPEN_RELAY_MAX_STREAMS_PER_WORKSPACE": "2000",
     "BULLPEN_RELAY_MAX_STREAMS_PER_KEY": "2000",
+    # --budgets adds a workspace provider over the simulator, on this machine.
+    "BULLPEN_OUTBOUND_ALLOW": "127.0.0.1/32",
 }
 #: How long one stream takes at the simulator's pace.
 STREAM_S = int(SIM_ENV["BULLPEN_SIM_TTFT_MS"]) / 1000 + int(
@@ -88,8 +91,10 @@ class Level:
     direct: list[Side] = field(default_factory=list)
     relay: list[Side] = field(default_factory=list)
     hop: list[Side] = field(default_factory=list)
+    budgeted: list[Side] = field(default_factory=list)  # relayed under a budget (--budgets)
     server_cpu_ms_per_request: list[float] = field(default_factory=list)
     hop_cpu_ms_per_request: list[float] = field(default_factory=list)
+    budgeted_cpu_ms_per_request: list[float] = field(default_factory=list)
 
     def added(self, which: str, q: float, side: str = "relay") -> float | None:
         """Median over rounds of (`side` − direct) at the `q`-th percentile (0-100], in ms."""
@@ -122,12 +127,26 @@ class Level:
         out["requests_direct"] = sum(len(s.total_ms) for s in self.direct)
         out["requests_relay"] = sum(len(s.total_ms) for s in self.relay)
         out["requests_hop"] = sum(len(s.total_ms) for s in self.hop)
-        out["errors"] = sum(s.errors for s in self.direct + self.relay + self.hop)
+        out["errors"] = sum(s.errors for s in self.direct + self.relay + self.hop + self.budgeted)
         for key, cpu in (
             ("server_cpu_ms_per_relay_request", self.server_cpu_ms_per_request),
             ("hop_cpu_ms_per_request", self.hop_cpu_ms_per_request),
         ):
             out[key] = rounded(statistics.median(cpu), 3) if cpu else None
+        if self.budgeted:
+            for which in ("ttft", "total"):
+                for q, name in ((50, "p50"), (99, "p99")):
+                    out[f"{which}_{name}_budgeted_ms"] = med(self.budgeted, which, q)
+            out["requests_budgeted"] = sum(len(s.total_ms) for s in self.budgeted)
+            cpu = self.budgeted_cpu_ms_per_request
+            out["server_cpu_ms_per_budgeted_request"] = (
+                rounded(statistics.median(cpu), 3) if cpu else None
+            )
+            # Rounds side by side: each round's budgeted CPU over its unbudgeted one.
+            ratios = [
+                b / r for b, r in zip(cpu, self.server_cpu_ms_per_request, strict=False) if r > 0
+            ]
+            out["budgeted_cpu_ratio"] = rounded(statistics.median(ratios), 3) if ratios else None
         return out
 
 
@@ -216,6 +235,31 @@ async def _cpu_total_s(pids: Sequence[int]) -> float | None:
     return total if pids else None
 
 
+async def _budgeted(base_url: str, admin_key: str, sim_url: str) -> tuple[str, str]:
+    """Set up the budgets side: a priced provider over the simulator and a key whose calls a
+    budget covers (too large to ever refuse one); the model name and the key."""
+    auth = {"Authorization": f"Bearer {admin_key}"}
+    async with aiohttp.ClientSession(base_url, headers=auth) as http:
+
+        async def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+            async with http.post(path, json=body) as resp:
+                if resp.status != 201:
+                    raise SpawnError(f"bench setup: POST {path} -> {resp.status}")
+                answer: dict[str, Any] = await resp.json()
+                return answer
+
+        price = {"input_per_mtok": 1.0, "output_per_mtok": 2.0}
+        await post(
+            "/api/v1/providers",
+            {"name": "priced", "base_url": sim_url, "models": [{"name": "sim-1", **price}]},
+        )
+        key = await post("/api/v1/api-keys", {"name": "budgeted"})
+        await post(
+            "/api/v1/budgets", {"scope": "api_key", "api_key_id": key["id"], "amount_usd": 1e6}
+        )
+    return "priced/sim-1", str(key["key"])
+
+
 @contextlib.asynccontextmanager
 async def _hop_process(sim_url: str) -> AsyncIterator[tuple[str, int]]:
     """A pass-through hop to the simulator in a process of its own: its base URL and pid."""
@@ -258,11 +302,14 @@ async def run_relay_bench(
     duration_s: float = 10.0,
     warmup_s: float = 2.0,
     api_processes: int = 1,
+    budgets: bool = False,
     on_step: Callable[[str], None] = lambda _line: None,
 ) -> list[Level]:
     """Measure every concurrency level; direct, hop and relay rounds in turn. With
     `api_processes` > 1 (PostgreSQL), the relayed streams are spread over that many API
-    processes and their CPU is summed."""
+    processes and their CPU is summed. With `budgets`, relayed calls go to a priced provider
+    and a fourth side relays them with a key that a budget covers (metered, reserved and
+    settled), so that budgets' cost is measured side by side with the same calls unbudgeted."""
     async with contextlib.AsyncExitStack() as stack:
         server = await stack.enter_async_context(
             spawn_server(
@@ -277,24 +324,40 @@ async def run_relay_bench(
         hop_url, hop_pid = await stack.enter_async_context(_hop_process(server.sim_url))
         body = orjson.dumps({"model": "sim-1", "messages": MESSAGES, "stream": True})
         plain = {"Content-Type": "application/json"}
+        model = "simulated/sim-1"
+        if budgets:
+            model, budgeted_key = await _budgeted(
+                server.base_urls[0], server.api_key, server.sim_url
+            )
+        relayed = orjson.dumps({"model": model, "messages": MESSAGES, "stream": True})
         targets = {
             "direct": ([server.sim_url + "/chat/completions"], plain, body, []),
             "hop": ([hop_url + "/chat/completions"], plain, body, [hop_pid]),
             "relay": (
                 [url + "/v1/chat/completions" for url in server.base_urls],
                 {"Content-Type": "application/json", "Authorization": f"Bearer {server.api_key}"},
-                orjson.dumps({"model": "simulated/sim-1", "messages": MESSAGES, "stream": True}),
+                relayed,
                 server.api_pids,
             ),
         }
+        sides: tuple[str, ...] = SIDES
+        if budgets:
+            targets["budgeted"] = (
+                [url + "/v1/chat/completions" for url in server.base_urls],
+                {"Content-Type": "application/json", "Authorization": f"Bearer {budgeted_key}"},
+                relayed,
+                server.api_pids,
+            )
+            sides = (*SIDES, "budgeted")
         levels = []
         pool = Http1Pool()
         stack.callback(pool.close)
         for concurrency in concurrencies:
             level = Level(concurrency)
             for i in range(rounds):
-                # Each side goes first, second and third in turn.
-                order = SIDES[i % 3 :] + SIDES[: i % 3]
+                # Each side goes first, second, third (and fourth) in turn.
+                turn = i % len(sides)
+                order = sides[turn:] + sides[:turn]
                 for name in order:
                     urls, headers, payload, pids = targets[name]
                     cpu_before = await _cpu_total_s(pids)
@@ -308,6 +371,8 @@ async def run_relay_bench(
                         cpu_ms = (cpu_after - cpu_before) * 1000 / requests
                         if name == "relay":
                             level.server_cpu_ms_per_request.append(cpu_ms)
+                        elif name == "budgeted":
+                            level.budgeted_cpu_ms_per_request.append(cpu_ms)
                         else:
                             level.hop_cpu_ms_per_request.append(cpu_ms)
                     on_step(

@@ -132,6 +132,14 @@ def bench(
             "clients spread over them (PostgreSQL only beyond 1)."
         ),
     ] = 1,
+    budgets: Annotated[
+        bool,
+        typer.Option(
+            "--budgets",
+            help="[relay] Also relay the same calls with a key a budget covers (a priced "
+            "provider), side by side: what budgets cost per stream.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON, no progress bar.")] = False,
 ) -> None:
     """Load tests: the reference scenario (default), create throughput (--scenario create),
@@ -155,7 +163,7 @@ def bench(
         ),
         "create": ("baseline_ref", "floor", "concurrency", "duration", "warmup", "rounds"),
         "queue": ("runs", "workers", "samples", "wake_runs"),
-        "relay": ("streams", "duration", "warmup", "rounds", "api_processes"),
+        "relay": ("streams", "duration", "warmup", "rounds", "api_processes", "budgets"),
         "streams": ("streams", "duration", "bus", "redis_url"),
         "workflow": ("workflows", "duration", "warmup"),
     }
@@ -199,6 +207,7 @@ def bench(
             warmup=warmup,
             rounds=rounds,
             api_processes=api_processes,
+            budgets=budgets,
             as_json=as_json,
         )
         return
@@ -530,6 +539,7 @@ def bench_relay(
     warmup: float,
     rounds: int,
     api_processes: int,
+    budgets: bool,
     as_json: bool,
 ) -> None:
     """`bullpen bench --scenario relay`: the relay's added latency, direct and relayed rounds."""
@@ -554,6 +564,7 @@ def bench_relay(
             duration_s=duration,
             warmup_s=warmup,
             api_processes=api_processes,
+            budgets=budgets,
             on_step=_stepper(as_json),
         )
     )
@@ -578,6 +589,16 @@ def bench_relay(
             f" ms (hop CPU {level['hop_cpu_ms_per_request']} ms a stream)",
             flush=True,
         )
+        if budgets:
+            print(
+                f"{level['concurrency']} streams under a budget: ttft p50/p99 "
+                f"{level['ttft_p50_budgeted_ms']}/{level['ttft_p99_budgeted_ms']} ms against "
+                f"{level['ttft_p50_relay_ms']}/{level['ttft_p99_relay_ms']} ms without; server "
+                f"CPU {level['server_cpu_ms_per_budgeted_request']} ms a stream, "
+                f"{level['budgeted_cpu_ratio']} times the same calls without a budget "
+                f"(median of the rounds' ratios; {level['requests_budgeted']} streams)",
+                flush=True,
+            )
 
 
 def bench_streams(

@@ -92,3 +92,42 @@ class ToolCalls:
             AssembledCall(index, entry.id, entry.name, "".join(entry.arguments))
             for index, entry in sorted(self._calls.items())
         ]
+
+
+# A rough tokenizer for providers that report no usage: about four characters a token.
+CHARS_PER_TOKEN = 4
+
+
+@dataclass(slots=True)
+class OutputCount:
+    """Output tokens received so far, counted as the chunks arrive (what a stopped stream is
+    billed): a content chunk a token or four characters one, whichever is more, plus tool call
+    arguments at four characters a token. Metering reads `tokens` between reads."""
+
+    text_chars: int = 0
+    text_chunks: int = 0
+    tool_chars: int = 0
+
+    def add(self, chunk: dict[str, Any], text: str | None) -> None:
+        """Count one chunk (`text` its content delta, if any)."""
+        if text:
+            self.text_chars += len(text)
+            self.text_chunks += 1
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return
+        delta = choices[0].get("delta")
+        pieces = delta.get("tool_calls") if isinstance(delta, dict) else None
+        if not isinstance(pieces, list):
+            return
+        for piece in pieces:
+            function = piece.get("function") if isinstance(piece, dict) else None
+            arguments = function.get("arguments") if isinstance(function, dict) else None
+            if isinstance(arguments, str):
+                self.tool_chars += len(arguments)
+
+    @property
+    def tokens(self) -> int:
+        """Output tokens so far."""
+        text = max(self.text_chunks, -(-self.text_chars // CHARS_PER_TOKEN))
+        return text + -(-self.tool_chars // CHARS_PER_TOKEN)

@@ -16,9 +16,10 @@ OpenAI clients raise. The HTTP side (authentication, response classes, headers) 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -26,8 +27,9 @@ import orjson
 
 from bullpen.domain.principal import Principal
 from bullpen.errors import BullpenError, ProviderIncomplete
-from bullpen.gateway.chunks import ToolCalls
-from bullpen.gateway.router import Call, CatalogSource, Router, estimate_prompt_tokens
+from bullpen.gateway.catalog import Target
+from bullpen.gateway.chunks import OutputCount, ToolCalls
+from bullpen.gateway.router import Call, CatalogSource, Router, content_of, estimate_prompt_tokens
 
 DONE = b"data: [DONE]\n\n"
 
@@ -37,8 +39,32 @@ Chunks = AsyncGenerator[list[dict[str, Any]], None]
 class Ledger(Protocol):
     """Where usage rows go (`bullpen.services.ledger.UsageLedger`)."""
 
-    def record(self, row: dict[str, Any]) -> asyncio.Future[None]:
-        """Queue one row; the future says it committed."""
+    def record(self, row: dict[str, Any] | None, draw: Any = None) -> asyncio.Future[None]:
+        """Queue one row, and what the call drew from its budgets' pool (settled with it);
+        the future says it committed."""
+        ...
+
+
+class Hold(Protocol):
+    """A relayed call's hold on the budgets that cover it (`bullpen.services.spend`)."""
+
+    async def need(self, output_tokens: int) -> None:
+        """Make sure this much output is reserved; raise `BudgetExceeded` to stop the stream."""
+        ...
+
+    def finish(self, call: Call) -> Any:
+        """The call ended: what it drew and cost, for the ledger to settle (None: nothing)."""
+        ...
+
+
+class Budgets(Protocol):
+    """Budgets as relayed calls meet them (`bullpen.services.spend.RelayBudgets`)."""
+
+    async def open(
+        self, principal: Principal, chain: Sequence[Target], request: dict[str, Any]
+    ) -> Hold | None:
+        """Reserve for a call about to be made (None: no budget covers it); raise
+        `BudgetExceeded` when one has no room."""
         ...
 
 
@@ -77,6 +103,7 @@ class Settle:
         "_chunks",
         "_clock",
         "_done",
+        "_hold",
         "_ledger",
         "_observe",
         "_principal",
@@ -96,9 +123,11 @@ class Settle:
         clock: Callable[[], datetime],
         rates: KeyRates | None = None,
         ticket: Any = None,
+        hold: Hold | None = None,
         observe: Callable[[Call], None] | None = None,
     ) -> None:
         self._call = call
+        self._hold = hold
         self._observe = observe
         self._chunks = chunks
         self._principal = principal
@@ -124,8 +153,9 @@ class Settle:
             # Unfinished (a client gone mid-stream): closing it closes the upstream request.
             _background(self._chunks.aclose())
         row = usage_row(self._principal, self._call, self._clock)
-        if row is not None:
-            self._ledger.record(row)
+        draw = None if self._hold is None else self._hold.finish(self._call)
+        if row is not None or draw is not None:
+            self._ledger.record(row, draw)
         if self._rates is not None and self._ticket is not None:
             call = self._call
             used = call.input_tokens + call.output_tokens if call.served_by is not None else 0
@@ -146,12 +176,14 @@ async def open_call(
     slots: StreamSlots,
     clock: Callable[[], datetime],
     rates: KeyRates | None = None,
+    budgets: Budgets | None = None,
     observe: Callable[[Call], None] | None = None,
 ) -> tuple[Call, Chunks, Settle]:
     """Start one relayed call: the call's record, its chunks (not read yet) and its settling.
 
-    An unknown model, a caller out of slots or a key over its requests or tokens per minute
-    raises here, before anything needs settling. `observe` is given the call once it ended."""
+    An unknown model, a caller out of slots, a key over its requests or tokens per minute or
+    a budget with no room left raises here, before anything needs settling. `observe` is
+    given the call once it ended (tracing)."""
     catalog = await catalogs.catalog(principal.workspace_id)
     chain = catalog.resolve(model)
     workspace, caller = str(principal.workspace_id), principal.scope_id
@@ -168,8 +200,19 @@ async def open_call(
         except BaseException:
             slots.give_back(workspace, caller)
             raise
+    hold = None
+    try:
+        if budgets is not None:
+            hold = await budgets.open(principal, chain, body)
+    except BaseException:
+        if ticket is not None and rates is not None:
+            rates.settle(ticket, 0)
+        slots.give_back(workspace, caller)
+        raise
     call = Call()
     chunks = router.stream(chain, body, call)
+    if hold is not None:
+        chunks = _metered(chunks, hold)
     return (
         call,
         chunks,
@@ -182,9 +225,22 @@ async def open_call(
             clock=clock,
             rates=rates,
             ticket=ticket,
+            hold=hold,
             observe=observe,
         ),
     )
+
+
+async def _metered(chunks: Chunks, hold: Hold) -> Chunks:
+    """The chunks, their output reserved as it arrives: a budget with no room left for more
+    stops the stream (closing it stops the provider) after the batch that reached it."""
+    output = OutputCount()
+    async with contextlib.aclosing(chunks):
+        async for batch in chunks:
+            for chunk in batch:
+                output.add(chunk, content_of(chunk))
+            yield batch
+            await hold.need(output.tokens)
 
 
 _closing: set[asyncio.Task[None]] = set()
@@ -235,11 +291,13 @@ async def sse_frames(
 
 
 def error_frame(err: BullpenError) -> bytes:
-    """The in-band `error` event that ends a stream which already sent content."""
+    """The in-band `error` event that ends a stream which already sent content (a budget's
+    stop is OpenAI's `insufficient_quota`)."""
     code = err.slug if not isinstance(err, ProviderIncomplete) else "provider-incomplete"
+    kind, code = err.openai_error or (code, code)
     return (
         b"data: "
-        + orjson.dumps({"error": {"message": err.detail, "type": code, "code": code}})
+        + orjson.dumps({"error": {"message": err.detail, "type": kind, "code": code}})
         + b"\n\n"
     )
 

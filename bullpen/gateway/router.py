@@ -29,12 +29,11 @@ from bullpen.errors import (
 )
 from bullpen.gateway.breaker import Breakers
 from bullpen.gateway.catalog import Catalog, Price, Target
+from bullpen.gateway.chunks import CHARS_PER_TOKEN
 from bullpen.gateway.client import Exchange, GatewayClient
 from bullpen.gateway.metrics import GatewayMetrics
 from bullpen.gateway.redact import ChunkRedactor
 
-# A rough tokenizer for providers that report no usage: about four characters a token.
-_CHARS_PER_TOKEN = 4
 _MESSAGE_OVERHEAD_TOKENS = 4
 
 
@@ -268,7 +267,7 @@ def _settle_usage(call: Call, exchange: Exchange, request: Mapping[str, Any], pr
     else:
         call.usage_estimated = True
         call.input_tokens = estimate_prompt_tokens(request.get("messages") or ())
-        call.output_tokens = max(exchange.content_chunks, -(-call.text_chars // _CHARS_PER_TOKEN))
+        call.output_tokens = max(exchange.content_chunks, -(-call.text_chars // CHARS_PER_TOKEN))
         call.cached_input_tokens = 0
     call.cost_usd = price.cost(call.input_tokens, call.cached_input_tokens, call.output_tokens)
 
@@ -279,7 +278,7 @@ def estimate_prompt_tokens(messages: Sequence[Any]) -> int:
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         chars = len(content) if isinstance(content, str) else len(str(content or ""))
-        total += -(-chars // _CHARS_PER_TOKEN) + _MESSAGE_OVERHEAD_TOKENS
+        total += -(-chars // CHARS_PER_TOKEN) + _MESSAGE_OVERHEAD_TOKENS
     return total
 
 

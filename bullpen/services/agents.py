@@ -25,10 +25,12 @@ from bullpen.domain.breakers import BreakerLimits
 from bullpen.domain.principal import Principal
 from bullpen.domain.records import AgentRecord
 from bullpen.errors import AgentTerminated, Conflict, InvalidInput, NotFound
+from bullpen.store import activity as activity_store
 from bullpen.store import agents as agent_store
 from bullpen.store import api_keys as key_store
 from bullpen.store import audit
 from bullpen.store import breakers as breaker_store
+from bullpen.store.activity import AgentActivity
 from bullpen.store.base import Connection, Store
 
 ADAPTERS = frozenset({"llm", "http", "process"})
@@ -66,6 +68,12 @@ class AgentService:
         need(principal, Permission.AGENTS_READ)
         async with self._store.read() as conn:
             return await agent_store.list_agents(conn, principal.workspace_id)
+
+    async def activity(self, principal: Principal, start: datetime) -> dict[UUID, AgentActivity]:
+        """Each agent's runs started at or after `start`: count, success, TTFT, cost."""
+        need(principal, Permission.AGENTS_READ)
+        async with self._store.read() as conn:
+            return await activity_store.since(conn, principal.workspace_id, start)
 
     async def get(self, principal: Principal, agent_id: UUID) -> AgentRecord:
         """One agent; another workspace's is NotFound."""

@@ -1,6 +1,7 @@
 """Housekeeping: delete expired idempotency keys, sessions, run events, task changes, audit
 events, usage ledger rows and ended tasks in bounded batches; decide approvals left undecided
-past their time by their default outcome."""
+past their time by their default outcome; charge the budget pools of relay processes that
+died (`bullpen.services.spend.RelayBudgets`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from bullpen.errors import BullpenError
+from bullpen.store import budgets as budget_store
 from bullpen.store import changes as task_changes
 from bullpen.store import events as run_events
 from bullpen.store import idempotency as idempotency_keys
@@ -116,6 +118,14 @@ class Housekeeper:
                 else:
                     if expired:
                         log.info("housekeeping expired %d undecided approvals", expired)
+            try:
+                async with self._store.write() as conn:
+                    charged = await budget_store.charge_expired(conn, self._clock())
+            except BullpenError as err:
+                log.warning("charging expired budget pools failed: %s", err.detail)
+            else:
+                if charged:
+                    log.info("housekeeping charged %d budget pools left by a dead process", charged)
             try:
                 deleted = sum((await sweep(self._store, self._clock(), self._retention)).values())
             except BullpenError as err:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from bullpen.errors import BullpenError
+from bullpen.store import budgets as budget_store
 from bullpen.store import gateway as gateway_store
 from bullpen.store.base import Store
+from bullpen.store.budgets import Draw
 
 log = logging.getLogger(__name__)
 
@@ -16,8 +20,9 @@ log = logging.getLogger(__name__)
 _MAX_PENDING = 100_000
 
 
-# Rows waiting for a commit, each with the future its caller waits on (None once answered).
-_Batch = list[tuple[dict[str, Any], asyncio.Future[None] | None]]
+# Rows waiting for a commit, each with what its call drew from a budget pool (settled in the
+# same transaction) and the future its caller waits on (None once answered).
+_Batch = list[tuple[dict[str, Any] | None, Draw | None, asyncio.Future[None] | None]]
 
 
 class UsageLedger:
@@ -38,9 +43,16 @@ class UsageLedger:
     """
 
     def __init__(
-        self, store: Store, *, max_batch: int = 500, in_flight: int = 4, linger_s: float = 0.0
+        self,
+        store: Store,
+        clock: Callable[[], datetime],
+        *,
+        max_batch: int = 500,
+        in_flight: int = 4,
+        linger_s: float = 0.0,
     ) -> None:
         self._store = store
+        self._clock = clock
         self._max_batch = max_batch
         self._in_flight = in_flight
         self._linger_s = linger_s
@@ -68,10 +80,11 @@ class UsageLedger:
         while self._pending and await self._commit(self._take()):
             pass
 
-    def record(self, row: dict[str, Any]) -> asyncio.Future[None]:
-        """Queue one row (every `cost_events` column but `id`); the future says it committed."""
+    def record(self, row: dict[str, Any] | None, draw: Draw | None = None) -> asyncio.Future[None]:
+        """Queue one row (every `cost_events` column but `id`) and what its call drew from a
+        budget pool (settled with it); the future says it committed."""
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((row, future))
+        self._pending.append((row, draw, future))
         self._wake.set()
         return future
 
@@ -108,17 +121,23 @@ class UsageLedger:
 
     async def _commit(self, batch: _Batch) -> bool:
         """Commit one batch; False when the database was away (the rows are kept)."""
-        rows = [row for row, _ in batch]
+        rows = [row for row, _, _ in batch if row is not None]
+        draws = [draw for _, draw, _ in batch if draw is not None]
         try:
-            async with self._store.autocommit() as conn:
-                await gateway_store.record_costs(conn, rows)
+            if draws:  # the rows and the settling of what they drew, in one transaction
+                async with self._store.write() as conn:
+                    await gateway_store.record_costs(conn, rows)
+                    await budget_store.settle_draws(conn, draws, self._clock())
+            else:
+                async with self._store.autocommit() as conn:
+                    await gateway_store.record_costs(conn, rows)
             self.written += len(rows)
             self.batches += 1
             return True
         except BullpenError as err:  # the database is away: keep the rows for the next try
             log.warning("could not record %d usage rows yet: %s", len(rows), err.detail)
             self._away = True
-            self._pending[:0] = [(row, None) for row in rows]
+            self._pending[:0] = [(row, draw, None) for row, draw, _ in batch]
             if len(self._pending) > _MAX_PENDING:
                 lost = len(self._pending) - _MAX_PENDING
                 del self._pending[:lost]
@@ -126,6 +145,6 @@ class UsageLedger:
             return False
         finally:
             # Answered whatever happened: a bug here must not hang the callers as well.
-            for _, future in batch:
+            for _, _, future in batch:
                 if future is not None and not future.done():
                     future.set_result(None)

@@ -27,6 +27,7 @@ from bullpen.errors import (
 from bullpen.services.enqueue import Admission
 from bullpen.store import agents as agent_store
 from bullpen.store import audit, workflow
+from bullpen.store import events as event_store
 from bullpen.store import runs as run_store
 from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection, Store
@@ -177,8 +178,13 @@ class TaskService:
         status: str | None = None,
         agent_id: UUID | None = None,
         label: str | None = None,
+        parent_id: UUID | None = None,
+        top_level: bool = False,
+        search: str | None = None,
     ) -> tuple[Page[TaskRecord], dict[UUID, RunRecord]]:
-        """A page of tasks, newest first, with each one's latest run."""
+        """A page of tasks, newest first, with each one's latest run; `parent_id` lists its
+        subtasks, `top_level` only tasks without a parent, `search` those whose title or
+        prompt holds the text."""
         async with self._store.read() as conn:
             page = await task_store.list_tasks(
                 conn,
@@ -188,6 +194,9 @@ class TaskService:
                 status=status,
                 agent_id=agent_id,
                 label=label,
+                parent_id=parent_id,
+                top_level=top_level,
+                search=search,
                 dialect=self._store.dialect,
             )
             run_rows = await task_store.runs_for_tasks(conn, [row.id for row in page.rows])
@@ -427,6 +436,17 @@ class TaskService:
         async with self._store.read() as conn:
             await self._task(conn, principal, task_id)
             return await task_store.list_runs(conn, task_id)
+
+    async def timeline(
+        self, principal: Principal, task_id: UUID, *, limit: int
+    ) -> tuple[Sequence[RunRecord], Sequence[RunEvent]]:
+        """Every run of a task, oldest first, and up to `limit` of their status, tool, usage
+        and error events (no text deltas)."""
+        async with self._store.read() as conn:
+            await self._task(conn, principal, task_id)
+            run_rows = await task_store.list_runs(conn, task_id)
+            steps = await event_store.steps_of(conn, [r.id for r in run_rows], limit)
+        return run_rows, steps
 
     async def _task(self, conn: Connection, principal: Principal, task_id: UUID) -> TaskRecord:
         task = await task_store.get_task(conn, principal.workspace_id, task_id)

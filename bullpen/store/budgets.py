@@ -35,6 +35,8 @@ from bullpen.store.tables import budget_reservations, budgets, cost_events, runs
 
 _B = budgets.c
 _R = budget_reservations.c
+# What a pool may take beyond its present need: this share of what a budget has left.
+_POOL_SHARE = 0.25
 
 
 async def insert(conn: Connection, row: dict[str, Any]) -> BudgetRecord:
@@ -158,18 +160,24 @@ async def reserve(
     reservation_id: UUID | None = None,
     run_id: UUID | None = None,
     api_key_id: UUID | None = None,
+    need_usd: float | None = None,
 ) -> tuple[UUID | None, Grant]:
     """Reserve up to `want_usd` against every budget in `budget_ids`: at most what the
     tightest hard-stop budget has left. Returns the reservation (created, or extended when
-    `reservation_id` is given) and the grant; a grant of zero reserves nothing."""
+    `reservation_id` is given) and the grant; a grant of zero reserves nothing.
+
+    With `need_usd` (a pool stocking up ahead of its calls), anything beyond `need_usd` is
+    granted only up to a quarter of what is left, so one process never takes the last of a
+    budget that the others' calls need."""
     rows = await _locked(conn, budget_ids)
     grant = Grant(want_usd)
     figures = {row.id: _current(row, now) for row in rows}
     for row in rows:
         if row.hard_stop:
             f = figures[row.id]
-            room = row.amount_usd - f["spent_usd"] - f["reserved_usd"]
-            grant.granted_usd = min(grant.granted_usd, max(0.0, room))
+            room = max(0.0, row.amount_usd - f["spent_usd"] - f["reserved_usd"])
+            allowed = room if need_usd is None else min(room, max(need_usd, room * _POOL_SHARE))
+            grant.granted_usd = min(grant.granted_usd, allowed)
     if grant.granted_usd <= EPSILON_USD:
         grant.granted_usd = 0.0
     for row in rows:
@@ -215,27 +223,44 @@ def _crossing(budget_id: UUID, kind: str, amount: float, f: dict[str, Any]) -> C
 
 
 async def settle(
-    conn: Connection, reservation_id: UUID, cost_usd: float, now: datetime
+    conn: Connection,
+    reservation_id: UUID,
+    budget_ids: Sequence[UUID],
+    cost_usd: float,
+    now: datetime,
 ) -> list[Crossing] | None:
-    """Move a reservation into the budgets' spend at the call's real cost, and drop it.
+    """Move a reservation (against `budget_ids`) into the budgets' spend at the call's real
+    cost, and drop it.
 
     A reservation settled already (or never made) changes nothing: settling is idempotent, so
     a run's final write and the reaper can never count one call twice: None when it was
-    settled already."""
+    settled already. The budgets are locked before the reservation, in the order every
+    reservation takes them, so a settle never waits crosswise on a reservation's extension."""
+    locked = await _locked(conn, budget_ids)
     row = (
         await conn.execute(
-            budget_reservations.delete()
-            .where(_R.id == reservation_id)
-            .returning(_R.budget_ids, _R.amount_usd)
+            budget_reservations.delete().where(_R.id == reservation_id).returning(_R.amount_usd)
         )
     ).first()
     if row is None:
         return None
+    return await _apply(conn, locked, {b: (row.amount_usd, cost_usd) for b in budget_ids}, now)
+
+
+async def _apply(
+    conn: Connection,
+    locked: Sequence[Any],
+    changes: dict[UUID, tuple[float, float]],
+    now: datetime,
+) -> list[Crossing]:
+    """Give back `released` of what the `locked` budgets hold reserved and add `cost` to their
+    spend, for each budget's `(released, cost)` in `changes`; the warnings this crosses."""
     crossings: list[Crossing] = []
-    for budget in await _locked(conn, [UUID(b) for b in row.budget_ids]):
+    for budget in locked:
+        released, cost = changes[budget.id]
         f = _current(budget, now)
-        f["reserved_usd"] = max(0.0, f["reserved_usd"] - row.amount_usd)
-        f["spent_usd"] += cost_usd
+        f["reserved_usd"] = max(0.0, f["reserved_usd"] - released)
+        f["spent_usd"] += cost
         if not f["warned"] and warn_reached(
             budget.amount_usd, budget.warn_percent, f["spent_usd"], f["reserved_usd"]
         ):
@@ -243,6 +268,115 @@ async def settle(
             crossings.append(_crossing(budget.id, "warning", budget.amount_usd, f))
         await conn.execute(budgets.update().where(_B.id == budget.id).values(**f, updated_at=now))
     return crossings
+
+
+@dataclass(frozen=True, slots=True)
+class Draw:
+    """What one relayed call drew from its process's pool (`reservation_id`, held against
+    `budget_ids`) and what it really cost."""
+
+    workspace_id: UUID
+    reservation_id: UUID
+    budget_ids: tuple[UUID, ...]
+    drawn_usd: float
+    cost_usd: float
+
+
+async def settle_draws(conn: Connection, draws: Sequence[Draw], now: datetime) -> None:
+    """Settle relayed calls against their pools, in the transaction that writes their ledger
+    rows: each call's cost moves from its pool's reservation into the budgets' spend (what
+    it drew beyond its cost stays in the pool; a cost beyond its draw is added to the spend
+    directly). A pool its process has given back already holds nothing more to move: there
+    the cost is only added."""
+    if not draws:
+        return
+    budget_ids = sorted({b for d in draws for b in d.budget_ids})
+    locked = await _locked(conn, budget_ids)
+    moved: dict[UUID, float] = {}
+    for d in draws:
+        moved[d.reservation_id] = moved.get(d.reservation_id, 0.0) + min(d.cost_usd, d.drawn_usd)
+    present: set[UUID] = set()
+    for reservation_id, amount in moved.items():
+        found = (
+            await conn.execute(
+                budget_reservations.update()
+                .where(_R.id == reservation_id)
+                .values(
+                    amount_usd=sa.case((_R.amount_usd > amount, _R.amount_usd - amount), else_=0.0)
+                )
+                .returning(_R.id)
+            )
+        ).first()
+        if found is not None:
+            present.add(reservation_id)
+    changes = {b: (0.0, 0.0) for b in budget_ids}
+    for d in draws:
+        released = min(d.cost_usd, d.drawn_usd) if d.reservation_id in present else 0.0
+        for b in d.budget_ids:
+            r, c = changes[b]
+            changes[b] = (r + released, c + d.cost_usd)
+    crossings = await _apply(conn, locked, changes, now)
+    by_id = {row.id: row.workspace_id for row in locked}
+    for crossing in crossings:
+        await record_crossings(conn, by_id[crossing.budget_id], [crossing], now)
+
+
+async def renew(conn: Connection, reservation_id: UUID, expires_at: datetime) -> None:
+    """Move a live reservation's expiry on (its process still holds it)."""
+    await conn.execute(
+        budget_reservations.update().where(_R.id == reservation_id).values(expires_at=expires_at)
+    )
+
+
+async def charge_expired(conn: Connection, now: datetime, limit: int = 100) -> int:
+    """Charge relay pools whose process died (their reservations expired, never given back):
+    each is charged what it held, the bound of what its calls in flight had drawn, as an
+    estimated ledger row. Returns how many were charged."""
+    expired = list(
+        await conn.execute(
+            sa.select(_R.id, _R.budget_ids)
+            .where(_R.run_id.is_(None), _R.expires_at < now)
+            .order_by(_R.expires_at)
+            .limit(limit)
+        )
+    )
+    rows: list[dict[str, Any]] = []
+    for item in expired:
+        budget_ids = [UUID(b) for b in item.budget_ids]
+        locked = await _locked(conn, budget_ids)
+        gone = (
+            await conn.execute(
+                budget_reservations.delete()
+                .where(_R.id == item.id)
+                .returning(_R.amount_usd, _R.workspace_id, _R.api_key_id)
+            )
+        ).first()
+        if gone is None:  # another process charged it meanwhile
+            continue
+        crossings = await _apply(
+            conn, locked, {b: (gone.amount_usd, gone.amount_usd) for b in budget_ids}, now
+        )
+        await record_crossings(conn, gone.workspace_id, crossings, now)
+        if gone.amount_usd > 0:
+            rows.append(
+                {
+                    "workspace_id": gone.workspace_id,
+                    "run_id": None,
+                    "agent_id": None,
+                    "user_id": None,
+                    "api_key_id": gone.api_key_id,
+                    "provider": UNKNOWN,
+                    "model": UNKNOWN,
+                    "input_tokens": 0,
+                    "cached_input_tokens": 0,
+                    "output_tokens": 0,
+                    "cost_usd": gone.amount_usd,
+                    "estimated": True,
+                    "created_at": now,
+                }
+            )
+    await gateway_store.record_costs(conn, rows)
+    return len(rows)
 
 
 async def record_crossings(
@@ -298,7 +432,9 @@ async def settle_run(
     for call in calls:
         settled: list[Crossing] | None = []
         if call.get("reservation_id") is not None:
-            settled = await settle(conn, call["reservation_id"], call["cost_usd"], now)
+            settled = await settle(
+                conn, call["reservation_id"], call["budget_ids"], call["cost_usd"], now
+            )
         if settled is None:
             continue
         crossings += settled
@@ -350,7 +486,13 @@ async def charge_held(conn: Connection, run_ids: Sequence[UUID], now: datetime) 
     held = list(
         await conn.execute(
             sa.select(
-                _R.id, _R.amount_usd, _R.run_id, _R.workspace_id, runs.c.agent_id, runs.c.task_id
+                _R.id,
+                _R.budget_ids,
+                _R.amount_usd,
+                _R.run_id,
+                _R.workspace_id,
+                runs.c.agent_id,
+                runs.c.task_id,
             )
             .join(runs, runs.c.id == _R.run_id)
             .where(_R.run_id.in_(list(run_ids)))
@@ -358,7 +500,8 @@ async def charge_held(conn: Connection, run_ids: Sequence[UUID], now: datetime) 
     )
     rows: list[dict[str, Any]] = []
     for item in held:
-        crossings = await settle(conn, item.id, item.amount_usd, now)
+        budget_ids = [UUID(b) for b in item.budget_ids]
+        crossings = await settle(conn, item.id, budget_ids, item.amount_usd, now)
         if crossings is None:
             continue
         await record_crossings(conn, item.workspace_id, crossings, now)

@@ -155,3 +155,37 @@ async def delete_expired(conn: Connection, cutoff: datetime, limit: int) -> int:
     )
     result = await conn.execute(run_events.delete().where(sa.tuple_(e.run_id, e.seq).in_(doomed)))
     return int(result.rowcount)
+
+
+# What a run's timeline shows; text deltas are its output, read by the stream instead.
+STEP_KINDS = (
+    EventKind.STATUS,
+    EventKind.TOOL_CALL,
+    EventKind.TOOL_RESULT,
+    EventKind.ERROR,
+    EventKind.USAGE,
+)
+
+
+async def steps_of(conn: Connection, run_ids: Sequence[UUID], limit: int) -> list[RunEvent]:
+    """Up to `limit` of the runs' status, tool, usage and error events, by run then seq (the
+    primary key serves it: no text delta is read)."""
+    if not run_ids:
+        return []
+    e = run_events.c
+    result = await conn.execute(
+        sa.select(e.run_id, e.seq, e.task_id, e.kind, e.data)
+        .where(e.run_id.in_(run_ids), e.kind.in_([k.value for k in STEP_KINDS]))
+        .order_by(e.run_id, e.seq)
+        .limit(limit)
+    )
+    return [
+        RunEvent(
+            run_id=row.run_id,
+            task_id=row.task_id,
+            seq=row.seq,
+            kind=EventKind(row.kind),
+            data=dict(row.data),
+        )
+        for row in result
+    ]

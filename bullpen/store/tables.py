@@ -199,6 +199,9 @@ tasks = sa.Table(
     sa.Index("ix_tasks_workspace_created", "workspace_id", "created_at", "id"),
     sa.Index("ix_tasks_workspace_status_created", "workspace_id", "status", "created_at", "id"),
     sa.Index("ix_tasks_created", "created_at"),  # retention (migration 0010)
+    # The dashboard's list filtered by agent, and its subtasks of a parent (migration 0016).
+    sa.Index("ix_tasks_workspace_agent_created", "workspace_id", "agent_id", "created_at", "id"),
+    sa.Index("ix_tasks_parent_created", "parent_id", "created_at", "id"),
 )
 
 task_comments = sa.Table(
@@ -273,7 +276,7 @@ runs = sa.Table(
     sa.Column("error_code", sa.String(64)),
     sa.Column("cost_usd", sa.Float),
     sa.Column("llm_calls", JSONType),
-    # The W3C traceparent of what enqueued the run (migration 0016; only with tracing on):
+    # The W3C traceparent of what enqueued the run (migration 0017; only with tracing on):
     # its worker's spans continue that trace.
     sa.Column("trace_parent", sa.String(55)),
     sa.Index("ix_runs_task_id", "task_id"),
@@ -285,6 +288,8 @@ runs = sa.Table(
     sa.Index("ix_runs_status_lease", "status", "lease_expires_at"),
     # The run-rate breaker (migration 0014): an agent's runs started in the last hour.
     sa.Index("ix_runs_agent_started", "agent_id", "started_at"),
+    # The dashboard's per-agent figures of today (migration 0016).
+    sa.Index("ix_runs_workspace_started", "workspace_id", "started_at"),
     # Checkout (migration 0006): at most one queued or running run per task.
     sa.Index(
         "uq_runs_task_active",

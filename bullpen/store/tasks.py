@@ -475,9 +475,16 @@ async def list_tasks(
     status: str | None = None,
     agent_id: UUID | None = None,
     label: str | None = None,
+    parent_id: UUID | None = None,
+    top_level: bool = False,
+    search: str | None = None,
     dialect: str = "sqlite",
 ) -> Page[TaskRecord]:
-    """A page of the workspace's tasks, newest first, keyset-paginated on (created_at, id)."""
+    """A page of the workspace's tasks, newest first, keyset-paginated on (created_at, id).
+
+    `search` matches a substring of the title or the prompt, case-insensitively: no index
+    serves it, so it reads the workspace's tasks newest first until a page is full.
+    """
     query = (
         sa.select(*_TASK_COLUMNS)
         .select_from(tasks.join(workspaces, workspaces.c.id == tasks.c.workspace_id))
@@ -489,6 +496,18 @@ async def list_tasks(
         query = query.where(tasks.c.agent_id == agent_id)
     if label is not None:
         query = query.where(_has_label(label, dialect))
+    if parent_id is not None:
+        query = query.where(tasks.c.parent_id == parent_id)
+    elif top_level:
+        query = query.where(tasks.c.parent_id.is_(None))
+    if search:
+        pattern = "%" + _escape_like(search) + "%"
+        query = query.where(
+            sa.or_(
+                tasks.c.title.ilike(pattern, escape="\\"),
+                tasks.c.prompt.ilike(pattern, escape="\\"),
+            )
+        )
     page = await keyset(
         conn, query, tasks.c.created_at, tasks.c.id, limit=limit, after=after, newest_first=True
     )
@@ -504,6 +523,11 @@ async def runs_for_tasks(conn: Connection, task_ids: list[UUID]) -> dict[UUID, R
     )
     latest = {row.task_id: row for row in result}
     return {task_id: RunRecord.of(row._mapping) for task_id, row in latest.items()}
+
+
+def _escape_like(text: str) -> str:
+    """`text` matched literally by LIKE (its wildcards and the escape character escaped)."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def _has_label(label: str, dialect: str) -> sa.ColumnElement[bool]:

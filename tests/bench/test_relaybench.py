@@ -180,26 +180,30 @@ async def test_the_load_client_times_the_first_content_and_counts_broken_streams
 
 @pytest.mark.timeout(180)
 async def test_the_relay_scenario_measures_direct_hop_and_relayed_streams() -> None:
-    """On PostgreSQL with two API processes: each of the two clients calls its own."""
+    """On PostgreSQL with two API processes: each of the two clients calls its own; with a
+    fourth side relaying under a budget."""
     steps: list[str] = []
     (level,) = await run_relay_bench(
         "postgres",
         pg_admin_url=PG_ADMIN_URL,
         api_processes=2,
+        budgets=True,
         concurrencies=[2],
         rounds=1,
         duration_s=2.5,  # a stream takes 1.33 s: room for each client's second on a slow day
         warmup_s=0.3,
         on_step=steps.append,
     )
-    assert [line.split(":")[0] for line in steps] == [f"C=2 round 1/1 {s}" for s in SIDES]
-    for name in SIDES:
+    sides = (*SIDES, "budgeted")
+    assert [line.split(":")[0] for line in steps] == [f"C=2 round 1/1 {s}" for s in sides]
+    for name in sides:
         (side,) = getattr(level, name)
         assert isinstance(side, Side) and side.errors == 0 and side.total_ms, name
     summary = level.summary()
     # Every stream of the simulator takes over a second: each side finished some, none failed.
     assert summary["errors"] == 0
     assert summary["requests_direct"] >= 2 and summary["requests_hop"] >= 2
+    assert summary["requests_budgeted"] >= 2 and summary["budgeted_cpu_ratio"] > 0
     assert summary["requests_relay"] >= 2
     for key in ("ttft_p50_added_ms", "ttft_p50_hop_added_ms", "total_p99_hop_added_ms"):
         assert isinstance(summary[key], float), key

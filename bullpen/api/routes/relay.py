@@ -90,6 +90,7 @@ async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDe
         slots=svc.relay_slots,
         clock=svc.clock,
         rates=svc.relay_rates,
+        budgets=svc.relay_budgets,
         observe=observe,
     )
     answer = RelayAnswer(body.model)

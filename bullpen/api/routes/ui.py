@@ -11,7 +11,6 @@ from uuid import UUID
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
-from pydantic import ValidationError
 
 from bullpen.api.deps import (
     SECURE_SESSION_COOKIE,
@@ -21,20 +20,23 @@ from bullpen.api.deps import (
     check_same_site,
     session_cookie_name,
 )
-from bullpen.api.schemas.tasks import TaskCreate
 from bullpen.app import Services
 from bullpen.domain import tokens
+from bullpen.domain.access import Permission
 from bullpen.domain.principal import NO_WORKSPACE
-from bullpen.errors import BullpenError, Forbidden, RateLimited, Unauthenticated, Unavailable
+from bullpen.errors import (
+    BullpenError,
+    Forbidden,
+    NotFound,
+    RateLimited,
+    Unauthenticated,
+    Unavailable,
+)
 from bullpen.services.auth import SessionPrincipal
-from bullpen.store import agents as agent_store
-from bullpen.store import changes as change_log
-from bullpen.streams.changes import cursor_id
 
 WEB = Path(__file__).resolve().parents[2] / "web"
 templates = Jinja2Templates(directory=WEB / "templates")
 
-RECENT_TASKS = 20  # tasks the dashboard lists (its script keeps the list this long)
 router = APIRouter(include_in_schema=False)
 
 PASSWORD_MIN, PASSWORD_MAX = 12, 1024
@@ -51,7 +53,7 @@ EXPIRED_FORM = "This sign-in form has expired. Please sign in again."
 BUSY = "Sign-in is busy right now. Try again in a moment."
 
 
-async def _session(request: Request, svc: Services) -> tuple[str, SessionPrincipal] | None:
+async def page_session(request: Request, svc: Services) -> tuple[str, SessionPrincipal] | None:
     """The signed-in user of a page request, admitted as the API would (rate limits)."""
     found = await _signed_in(request, svc)
     if found is not None:
@@ -77,7 +79,7 @@ def _admit(request: Request, svc: Services, who: SessionPrincipal) -> None:
     request.state.principal = principal
 
 
-async def _form_session(
+async def form_session(
     request: Request, svc: Services, csrf: str
 ) -> tuple[str, SessionPrincipal] | None:
     """The session behind a form posted from this site's own page; None when signed out.
@@ -93,14 +95,61 @@ async def _form_session(
     return found
 
 
-async def _refused(request: Request, err: BullpenError) -> None:
+async def refused(request: Request, err: BullpenError) -> None:
     """Audit a 403 that a form shows on its own page, as the API's error handler would."""
     if err.status == 403:
         await audit_denial(request, err.detail)
 
 
-def _render(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+def render(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+    """A template as an HTML response."""
     return templates.TemplateResponse(request, name, context, status_code=status)
+
+
+Found = tuple[str, SessionPrincipal]
+
+
+async def page(
+    request: Request,
+    svc: Services,
+    found: Found,
+    name: str,
+    *,
+    section: str,
+    status: int = 200,
+    **context: Any,
+) -> HTMLResponse:
+    """A signed-in page: the layout's navigation, session and workspace switcher, and what
+    the caller's role may do (`can`), for the template to show only that; the server refuses
+    the rest whatever the page shows."""
+    session_id, who = found
+    workspaces = (
+        []
+        if who.principal.workspace_id == NO_WORKSPACE
+        else await svc.workspaces.mine(who.principal)
+    )
+    return render(
+        request,
+        name,
+        status=status,
+        email=who.email,
+        csrf=svc.auth.csrf_token(session_id),
+        workspaces=workspaces,
+        can=who.principal.can,
+        P=Permission,
+        section=section,
+        **context,
+    )
+
+
+async def message(
+    request: Request, svc: Services, found: Found, err: BullpenError, *, section: str
+) -> HTMLResponse:
+    """A refusal or a missing object as a page with the error's status (403s audited)."""
+    await refused(request, err)
+    return await page(
+        request, svc, found, "message.html", section=section, status=err.status, error=err.detail
+    )
 
 
 def _end_session_cookie(response: Response) -> Response:
@@ -142,7 +191,7 @@ def _login_page(
     """The sign-in form, with this browser's nonce cookie (kept, or a new one; its lifetime
     renewed) and its token."""
     nonce = _login_nonce(request) or tokens.new_session_id()
-    page = _render(
+    page = render(
         request,
         "login.html",
         status=status,
@@ -218,83 +267,10 @@ async def logout(
     request: Request, svc: ServicesDep, csrf: Annotated[str, Form(max_length=128)] = ""
 ) -> Response:
     """End the session."""
-    found = await _form_session(request, svc, csrf)
+    found = await form_session(request, svc, csrf)
     if found is not None:
         await svc.auth.sign_out(found[0])
     return _end_session_cookie(RedirectResponse("/login", status_code=303))
-
-
-@router.get("/", response_class=HTMLResponse, response_model=None)
-async def dashboard(request: Request, svc: ServicesDep) -> Response:
-    """Create a task; see recent ones."""
-    found = await _session(request, svc)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
-    return await _dashboard(request, svc, found)
-
-
-async def _dashboard(
-    request: Request,
-    svc: Services,
-    found: tuple[str, SessionPrincipal],
-    *,
-    status: int = 200,
-    error: str | None = None,
-    prompt: str = "",
-) -> HTMLResponse:
-    session_id, who = found
-    async with svc.store.read() as conn:
-        agents = await agent_store.list_agents(conn, who.principal.workspace_id)
-        # Read before the list: the page's live list starts here, so no change falls between.
-        live_from = await change_log.head(conn, who.principal.workspace_id)
-    workspaces = await svc.workspaces.mine(who.principal)
-    rows: list[Any] = []
-    if who.principal.workspace_id != NO_WORKSPACE:  # in none yet: nothing to list
-        page, _runs = await svc.tasks.list(
-            who.principal, limit=RECENT_TASKS, after=None, status=None
-        )
-        rows = list(page.rows)
-    return _render(
-        request,
-        "dashboard.html",
-        status=status,
-        email=who.email,
-        csrf=svc.auth.csrf_token(session_id),
-        agents=agents,
-        tasks=rows,
-        workspaces=workspaces,
-        recent=RECENT_TASKS,
-        live_from=cursor_id(live_from).decode(),
-        error=error,
-        prompt=prompt,
-    )
-
-
-@router.post("/ui/tasks", response_model=None)
-async def create_task(
-    request: Request,
-    svc: ServicesDep,
-    prompt: Annotated[str, Form(max_length=10_000)] = "",
-    agent_id: Annotated[str, Form(max_length=64)] = "",
-    csrf: Annotated[str, Form(max_length=128)] = "",
-) -> Response:
-    """Create a task from the dashboard form and open its live page."""
-    found = await _form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
-    _, who = found
-    try:
-        body = TaskCreate.model_validate({"prompt": prompt, "agent_id": agent_id})
-        task, _ = await svc.tasks.create(who.principal, prompt=body.prompt, agent_id=body.agent_id)
-    except ValidationError as err:
-        message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-        return await _dashboard(request, svc, found, status=422, error=message, prompt=prompt)
-    except BullpenError as err:
-        await _refused(request, err)
-        return await _dashboard(
-            request, svc, found, status=err.status, error=err.detail, prompt=prompt
-        )
-    return RedirectResponse(f"/tasks/{task.id}", status_code=303)
 
 
 @router.post("/ui/workspace", response_model=None)
@@ -305,7 +281,7 @@ async def switch_workspace(
     csrf: Annotated[str, Form(max_length=128)] = "",
 ) -> Response:
     """Act in another of the user's workspaces (the header's picker), then show it."""
-    found = await _form_session(request, svc, csrf)
+    found = await form_session(request, svc, csrf)
     if found is None:
         return RedirectResponse("/login", status_code=303)
     session_id, who = found
@@ -313,39 +289,21 @@ async def switch_workspace(
         target = UUID(workspace_id)
         entry = await svc.workspaces.membership(who.principal, target)
     except (ValueError, BullpenError):
-        return await _dashboard(request, svc, found, status=404, error="No such workspace.")
+        return await message(request, svc, found, NotFound("No such workspace."), section="")
     await svc.auth.switch_workspace(session_id, entry.id)
     return RedirectResponse("/", status_code=303)
-
-
-@router.get("/tasks/{task_id}", response_class=HTMLResponse, response_model=None)
-async def task_page(task_id: UUID, request: Request, svc: ServicesDep) -> Response:
-    """A task's live page: its tokens arrive over SSE."""
-    found = await _session(request, svc)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
-    session_id, who = found
-    task, run = await svc.tasks.get(who.principal, task_id)
-    return _render(
-        request,
-        "task.html",
-        email=who.email,
-        csrf=svc.auth.csrf_token(session_id),
-        task=task,
-        run=run,
-    )
 
 
 @router.get("/account", response_class=HTMLResponse, response_model=None)
 async def account_page(request: Request, svc: ServicesDep) -> Response:
     """The signed-in user's account: change the password."""
-    found = await _session(request, svc)
+    found = await page_session(request, svc)
     if found is None:
         return RedirectResponse("/login", status_code=303)
-    return _account(request, svc, found)
+    return await _account(request, svc, found)
 
 
-def _account(
+async def _account(
     request: Request,
     svc: Services,
     found: tuple[str, SessionPrincipal],
@@ -353,13 +311,13 @@ def _account(
     status: int = 200,
     error: str | None = None,
 ) -> HTMLResponse:
-    session_id, who = found
-    return _render(
+    return await page(
         request,
+        svc,
+        found,
         "account.html",
+        section="account",
         status=status,
-        email=who.email,
-        csrf=svc.auth.csrf_token(session_id),
         error=error,
         password_min=PASSWORD_MIN,
         password_max=PASSWORD_MAX,
@@ -377,21 +335,24 @@ async def change_password(
     csrf: Annotated[str, Form(max_length=128)] = "",
 ) -> Response:
     """Check the current password, store the new one, end every session of the user."""
-    found = await _form_session(request, svc, csrf)
+    found = await form_session(request, svc, csrf)
     if found is None:
         return RedirectResponse("/login", status_code=303)
     _, who = found
     if not PASSWORD_MIN <= len(new_password) <= PASSWORD_MAX:
         error = f"The new password needs {PASSWORD_MIN} to {PASSWORD_MAX} characters."
-        return _account(request, svc, found, status=422, error=error)
+        return await _account(request, svc, found, status=422, error=error)
     if new_password != confirm:
         error = "The new password and its confirmation differ."
-        return _account(request, svc, found, status=422, error=error)
+        return await _account(request, svc, found, status=422, error=error)
     try:
         await svc.users.change_password(who.principal, current_password, new_password)
     except RateLimited as err:
-        return _too_many(_account(request, svc, found, status=429, error=_wait_message(err)), err)
+        page_ = await _account(request, svc, found, status=429, error=_wait_message(err))
+        return _too_many(page_, err)
     except Forbidden as err:
-        await _refused(request, err)
-        return _account(request, svc, found, status=403, error="The current password is wrong.")
+        await refused(request, err)
+        return await _account(
+            request, svc, found, status=403, error="The current password is wrong."
+        )
     return _end_session_cookie(RedirectResponse("/login?done=password", status_code=303))

@@ -21,30 +21,15 @@ from bullpen.store.tables import (
 )
 from tests.support.db import rows
 from tests.support.servers import RunningServer
+from tests.support.spend import USD_PER_TOKEN, make_budget, priced_provider
 from tests.support.team import create_task, make_agent, runs_of, until_ended
 
 SLICE = 16  # output tokens a call reserves at a time in these tests
 ANSWER = 200  # tokens the simulator answers with
-USD_PER_TOKEN = 0.001  # the priced provider: $1,000 per million tokens, in and out
 
 pytestmark = pytest.mark.with_settings(
     budget_slice_tokens=SLICE, sim_response_tokens=ANSWER, sim_tokens_per_second=100.0
 )
-
-
-async def priced_provider(http: aiohttp.ClientSession, server: RunningServer) -> None:
-    simulator = server.services.simulator
-    assert simulator is not None
-    per_mtok = USD_PER_TOKEN * 1_000_000
-    body = {
-        "name": "priced",
-        "base_url": simulator.base_url,
-        "models": [{"name": "sim-1", "input_per_mtok": per_mtok, "output_per_mtok": per_mtok}],
-    }
-    async with http.post(
-        f"{server.base_url}/api/v1/providers", json=body, headers=server.auth
-    ) as resp:
-        assert resp.status == 201, await resp.text()
 
 
 async def ledger(server: RunningServer, task_id: str) -> list[Any]:
@@ -127,16 +112,6 @@ async def test_a_run_under_its_ceiling_settles_its_real_usage(
     assert not row.estimated and row.output_tokens == ANSWER
     assert row.cost_usd == pytest.approx((row.input_tokens + ANSWER) * USD_PER_TOKEN)
     assert ended["run"]["cost_usd"] == pytest.approx(row.cost_usd)
-
-
-async def make_budget(
-    http: aiohttp.ClientSession, server: RunningServer, **body: Any
-) -> dict[str, Any]:
-    async with http.post(
-        f"{server.base_url}/api/v1/budgets", json=body, headers=server.auth
-    ) as resp:
-        assert resp.status == 201, await resp.text()
-        return dict(await resp.json())
 
 
 async def test_concurrent_runs_never_spend_past_a_budget_by_more_than_a_slice_each(

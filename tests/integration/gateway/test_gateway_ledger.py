@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 from pydantic import ValidationError
 
-from bullpen.app import open_store
+from bullpen.app import open_store, utcnow
 from bullpen.services.ledger import UsageLedger
 from bullpen.settings import Settings
 from bullpen.store.base import Store
@@ -43,7 +43,7 @@ def row(workspace_id: Any, n: int) -> dict[str, Any]:
 
 async def test_rows_arriving_during_a_commit_are_committed_next_not_later(store: Store) -> None:
     ws, _agent = await workspace_with_agent(store)
-    async with UsageLedger(store) as ledger:
+    async with UsageLedger(store, utcnow) as ledger:
         started = time.monotonic()
         waits = []
         for burst in range(20):  # each burst lands while the previous one commits
@@ -62,7 +62,7 @@ async def test_rows_of_calls_ending_within_the_linger_commit_together(
     store: Store, linger_s: float
 ) -> None:
     ws, _agent = await workspace_with_agent(store)
-    async with UsageLedger(store, linger_s=linger_s) as ledger:
+    async with UsageLedger(store, utcnow, linger_s=linger_s) as ledger:
         started = time.monotonic()
         committed: list[float] = []
         first = ledger.record(row(ws, 0))
@@ -116,7 +116,7 @@ async def test_a_row_does_not_wait_behind_a_batch_that_cannot_commit_yet(store: 
         locking = locker.transaction()
         await locking.start()
         await locker.execute("SELECT 1 FROM workspaces WHERE id = $1 FOR UPDATE", stuck_ws)
-        async with UsageLedger(store) as ledger:
+        async with UsageLedger(store, utcnow) as ledger:
             stuck = ledger.record(row(stuck_ws, 1))
             await asyncio.sleep(0.2)  # its batch is in the database, waiting on the lock
             assert not stuck.done()
@@ -139,7 +139,7 @@ async def test_rows_recorded_while_the_database_is_away_are_kept_and_committed_l
         through = moved(settings.database_url, gate.port)
         async with open_store(settings.model_copy(update={"database_url": through})) as store:
             ws, _agent = await workspace_with_agent(store)
-            async with UsageLedger(store) as ledger:
+            async with UsageLedger(store, utcnow) as ledger:
                 gate.cut()
                 # The caller is answered although its row could not commit.
                 await asyncio.wait_for(ledger.record(row(ws, 1)), SOON_S)
@@ -155,7 +155,7 @@ async def test_rows_recorded_while_the_database_is_away_are_kept_and_committed_l
 async def test_rows_still_queued_when_the_ledger_closes_are_committed(store: Store) -> None:
     # The relay does not wait for its row: a graceful stop must not lose the last ones.
     ws, _agent = await workspace_with_agent(store)
-    async with UsageLedger(store) as ledger:
+    async with UsageLedger(store, utcnow) as ledger:
         for i in range(50):
             ledger.record(row(ws, i))
     assert await _stored(store) == list(range(50)) and ledger.written == 50

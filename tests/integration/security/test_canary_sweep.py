@@ -3,13 +3,13 @@
 One workspace is given a canary of each secret Bullpen holds: a user's password, an API key,
 a browser session, a webhook agent's signing secret, a `process` agent's secret environment
 value and a provider key. They are then used along success and failure paths: signing in
-(right and wrong), the key calling the API and the relay, the session reading pages and the
-API, the process agent running, the webhook agent failing to reach its (closed) loopback
-port, providers answering errors. Afterwards none of them may appear, plain or encoded, in
-any response (status line, headers, body; the one response that hands out a new key and the
-`Set-Cookie` of a sign-in are the only places a secret is meant to travel), in the task and
-workspace event streams, in the audit log, in `/metrics`, in any log record, or in any
-database row (sealed values are bytes under AES-GCM, and digests are not the secret).
+(right and wrong), the key calling the API, the relay and the MCP server, the session reading
+pages and the API, the process agent running, the webhook agent failing to reach its (closed)
+loopback port, providers answering errors. Afterwards none of them may appear, plain or
+encoded, in any response (status line, headers, body; the one response that hands out a new
+key and the `Set-Cookie` of a sign-in are the only places a secret is meant to travel), in
+the task and workspace event streams, in the audit log, in `/metrics`, in any log record, or
+in any database row (sealed values are bytes under AES-GCM, and digests are not the secret).
 The provider key has its own, deeper sweep in `test_gateway_runs.py`.
 """
 
@@ -88,6 +88,12 @@ async def test_no_secret_reaches_any_sink(
     await api("POST", "/v1/chat/completions", relay, **bearer)
     await api("POST", "/v1/chat/completions", {**relay, "model": "nowhere/m"}, **bearer)
     await api("GET", "/api/v1/tasks", Authorization=f"Bearer {key}x")  # a wrong key too
+    # The key at the MCP server: a call, a tool error, a wrong key; the session is refused.
+    mcp = {**bearer, "Accept": "application/json, text/event-stream"}
+    assert (await api("POST", "/mcp", _rpc("list_tasks", {}), **mcp)).status == 200
+    assert (await api("POST", "/mcp", _rpc("get_task", {"task_id": key}), **mcp)).status == 200
+    await api("POST", "/mcp", _rpc("list_tasks", {}), **{**mcp, "Authorization": f"Bearer {key}x"})
+    await api("POST", "/mcp", _rpc("list_tasks", {}), Cookie=f"{SESSION_COOKIE}={session}")
 
     # A provider with a canary key, called and failing (nothing listens on its port).
     provider = {
@@ -138,6 +144,7 @@ async def test_no_secret_reaches_any_sink(
             http, f"{server.base_url}/api/v1/tasks/{task_id}/events", server.auth
         )
         seen.append(repr([(e.event, e.data) for e in events]))
+        await api("POST", "/mcp", _rpc("get_task", {"task_id": task_id}), **mcp)
     workspace = await read_events(
         http,
         f"{server.base_url}/api/v1/events",
@@ -166,3 +173,9 @@ async def test_no_secret_reaches_any_sink(
                 assert form not in text, f"the {name} leaked into {where} as {form!r}"
     # The places a secret is meant to go did carry it: the sweep could have found them.
     assert key in meant[1] and session in meant[0]
+
+
+def _rpc(tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A JSON-RPC `tools/call` message for `/mcp`."""
+    call = {"name": tool, "arguments": arguments}
+    return {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call}
