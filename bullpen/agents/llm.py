@@ -525,7 +525,8 @@ class LlmAdapter:
         denied: tuple[frozenset[str], str] | None = None,
     ) -> StepResult:
         """Carry out a step's tool calls and commit it: every tool call of a run goes through
-        here, and is traced here (a span per call)."""
+        here, and is traced here (a span per call, from before any call is carried out to the
+        step's commit), whatever kind of tool carries it out."""
         tracing = self._tracing
         spans = tracing.start_tools(step, [(c.id, c.name) for c in calls]) if tracing else None
         try:

@@ -166,7 +166,7 @@ class RunPublic(BaseModel):
         default=None,
         description="The OpenTelemetry trace the run's spans are in (32 hex digits), when it "
         "was enqueued with tracing on; see docs/tracing.md",
-        examples=["4bf92f3577b34da6a3ce929d0e0e4736"],
+        examples=["4bf92f3577b34da6a3ce929d0e0e4736"],  # pragma: allowlist secret
     )
 
     @classmethod
