@@ -232,6 +232,11 @@ class Settings(BaseSettings):
     otel_exporter_otlp_traces_protocol: str | None = Field(
         default=None, validation_alias="OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
     )
+    # Prompts and completions in LLM call spans (gen_ai.input.messages, gen_ai.output.messages):
+    # off unless asked for, as the GenAI instrumentations' own variable does.
+    otel_capture_message_content: bool = Field(
+        default=False, validation_alias="OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+    )
 
     @field_validator("redis_url")
     @classmethod

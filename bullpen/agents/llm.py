@@ -565,14 +565,23 @@ class LlmAdapter:
             return await self._stream(chain, request, call, events, meter)
         started_ns = time.time_ns()
         failure: BaseException | None = None
+        output: dict[str, Any] | None = None
         try:
-            return await self._stream(chain, request, call, events, meter)
+            text, calls = await self._stream(chain, request, call, events, meter)
+            if self._tracing.capture:
+                output = _assistant(text, calls)
+            return text, calls
         except BaseException as exc:
             failure = exc
             raise
         finally:
             self._tracing.llm_call(
-                call, requested=requested, started_ns=started_ns, request=request, error=failure
+                call,
+                requested=requested,
+                started_ns=started_ns,
+                request=request,
+                output=output,
+                error=failure,
             )
 
     async def _stream(
@@ -600,6 +609,17 @@ class LlmAdapter:
                     await meter.need(output.tokens)
         found = [ToolCall(c.id or f"call_{c.index}", c.name, c.arguments) for c in pieces.calls()]
         return "".join(parts), found
+
+
+def _assistant(text: str, calls: list[ToolCall]) -> dict[str, Any]:
+    """A step's answer as an assistant message (what a traced call's output records)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls
+        ]
+    return message
 
 
 class _Delivered(Exception):

@@ -306,10 +306,21 @@ class RelayAnswer:
     """Chunks in our own envelope (our id, the model name the caller used), and the whole
     answer for non-streaming callers."""
 
-    __slots__ = ("_created", "_head", "_id", "_model", "finish_reason", "text", "tool_calls")
+    __slots__ = (
+        "_created",
+        "_head",
+        "_id",
+        "_keep",
+        "_model",
+        "finish_reason",
+        "text",
+        "tool_calls",
+    )
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, *, keep: bool = False) -> None:
+        """`keep`: a streamed answer is kept whole too (tracing records it)."""
         self._id = "chatcmpl-" + secrets.token_hex(12)
+        self._keep = keep
         self._created = int(time.time())
         self._model = model
         envelope = {
@@ -329,6 +340,9 @@ class RelayAnswer:
 
     def frames(self, batch: list[dict[str, Any]]) -> bytes:
         """The frames for upstream chunks (its usage-only chunk is replaced by ours)."""
+        if self._keep:
+            for chunk in batch:
+                self.absorb(chunk)
         return b"".join(self.frame(c["choices"]) for c in batch if c.get("choices"))
 
     def usage_frame(self, call: Call) -> bytes:
@@ -349,6 +363,20 @@ class RelayAnswer:
             self.text.append(content)
         if isinstance(delta, dict):
             self.tool_calls.add_delta(delta)
+
+    def message(self) -> dict[str, Any]:
+        """The answer so far as an assistant message."""
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text) or None}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in self.tool_calls.calls()
+            ]
+        return message
 
     def completion(self, call: Call) -> dict[str, Any]:
         """The non-streaming answer."""

@@ -74,6 +74,7 @@ async def open_tracing(
         provider.add_span_processor(BatchSpanProcessor(exporter))
     tracing = Tracing(
         provider.get_tracer("bullpen", __version__),
+        capture=settings.otel_capture_message_content,
         flush=provider.force_flush,
         close=provider.shutdown,
     )

@@ -6,10 +6,12 @@
         chat {provider model}    CLIENT    each provider attempt within it (fallback)
       execute_tool {tool}        INTERNAL  each tool call of a step
 
-A span holds ids, names, counts, timings and error types: never a prompt, a completion, a
-tool's arguments or result, a header or an error's text (which may quote what a provider was
-sent). LLM call spans are made when the call has ended, from the gateway's own record of it
-(`Call` and its `Attempt`s): the router's per-chunk path does no tracing work at all.
+A span holds ids, names, counts, timings and error types: never a header or an error's text
+(which may quote what a provider was sent); an LLM call's messages and answer (the tool calls
+and tool results in them included) only when the operator asks for them (`capture`:
+OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true). LLM call spans are made when the
+call has ended, from the gateway's own record of it (`Call` and its `Attempt`s): the router's
+per-chunk path does no tracing work at all.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import orjson
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
@@ -50,6 +53,8 @@ TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
 TOOL_TYPE = "gen_ai.tool.type"
 ERROR_TYPE = "error.type"
+INPUT_MESSAGES = "gen_ai.input.messages"
+OUTPUT_MESSAGES = "gen_ai.output.messages"
 TTFT_MS = "bullpen.ttft_ms"  # time to the first content token, from the call's start
 COST_USD = "bullpen.cost_usd"
 
@@ -63,10 +68,12 @@ class Tracing:
         self,
         tracer: Tracer,
         *,
+        capture: bool = False,
         flush: Callable[[], bool] = lambda: True,
         close: Callable[[], None] = lambda: None,
     ) -> None:
         self.tracer = tracer
+        self.capture = capture  # prompts and completions go into LLM call spans
         self.flush = flush  # export what has ended now (tests, shutdown)
         self.close = close
 
@@ -152,11 +159,14 @@ class Tracing:
         requested: str,
         started_ns: int,
         request: Mapping[str, Any] | None = None,
+        output: Mapping[str, Any] | None = None,
         error: BaseException | None = None,
         attributes: Attrs | None = None,
         parent: otel_context.Context | None = None,
     ) -> None:
-        """Record an ended gateway call: its span and one child span per provider attempt."""
+        """Record an ended gateway call: its span and one child span per provider attempt.
+        With `capture`, its messages (`request`'s) and its answer (`output`, an assistant
+        message in OpenAI's shape) too."""
         now_ns = time.time_ns()
         to_ns = _loop_clock(now_ns)
         attrs: Attrs = {OPERATION: "chat", REQUEST_MODEL: requested, **(attributes or {})}
@@ -178,6 +188,12 @@ class Tracing:
                 attrs[TTFT_MS] = round(call.ttft_s * 1000, 3)
             if call.finish_reason:
                 attrs[FINISH_REASONS] = (call.finish_reason,)
+        if self.capture:
+            messages = request.get("messages") if request is not None else None
+            if isinstance(messages, list):
+                attrs[INPUT_MESSAGES] = _messages(messages)
+            if output is not None:
+                attrs[OUTPUT_MESSAGES] = _messages([output], call.finish_reason or "error")
         span = self.tracer.start_span(
             f"chat {requested}",
             context=parent,
@@ -197,8 +213,15 @@ class Tracing:
             self._attempt(attempt, inside, to_ns, now_ns)
         span.end(end_time=now_ns)
 
-    def observer(self, requested: str, attributes: Attrs) -> Callable[[Call], None]:
-        """What records a relayed call when it ends, under the span current now (its request)."""
+    def observer(
+        self,
+        requested: str,
+        attributes: Attrs,
+        request: Mapping[str, Any] | None = None,
+        output: Callable[[], Mapping[str, Any]] | None = None,
+    ) -> Callable[[Call], None]:
+        """What records a relayed call when it ends, under the span current now (its request);
+        `output` gives the answer as it ended (read only with `capture`)."""
         parent = otel_context.get_current()
         started_ns = time.time_ns()
 
@@ -207,6 +230,8 @@ class Tracing:
                 call,
                 requested=requested,
                 started_ns=started_ns,
+                request=request,
+                output=output() if output is not None and self.capture else None,
                 attributes=attributes,
                 parent=parent,
             )
@@ -279,6 +304,48 @@ class Tracing:
                 span.set_attribute(ERROR_TYPE, failed)
                 span.set_status(Status(StatusCode.ERROR, failed))
             span.end()
+
+
+def _messages(messages: Iterable[Any], finish_reason: str | None = None) -> str:
+    """OpenAI chat messages as the GenAI conventions' message list (JSON): a role and parts
+    (`text`, `tool_call`, `tool_call_response`); an output message has its finish reason."""
+    shaped: list[dict[str, Any]] = []
+    for message in messages:
+        if not isinstance(message, Mapping):
+            continue
+        parts: list[dict[str, Any]] = []
+        content = message.get("content")
+        if message.get("role") == "tool":
+            parts.append(
+                {
+                    "type": "tool_call_response",
+                    "id": message.get("tool_call_id"),
+                    "response": content,
+                }
+            )
+        elif isinstance(content, str):
+            if content:
+                parts.append({"type": "text", "content": content})
+        elif isinstance(content, list):  # content parts: their text
+            for piece in content:
+                if isinstance(piece, Mapping) and isinstance(piece.get("text"), str):
+                    parts.append({"type": "text", "content": piece["text"]})
+        for tool_call in message.get("tool_calls") or ():
+            function = tool_call.get("function") if isinstance(tool_call, Mapping) else None
+            if isinstance(function, Mapping):
+                parts.append(
+                    {
+                        "type": "tool_call",
+                        "id": tool_call.get("id"),
+                        "name": function.get("name"),
+                        "arguments": function.get("arguments"),
+                    }
+                )
+        item: dict[str, Any] = {"role": message.get("role"), "parts": parts}
+        if finish_reason is not None:
+            item["finish_reason"] = finish_reason
+        shaped.append(item)
+    return orjson.dumps(shaped).decode()
 
 
 def _put(attrs: Attrs, key: str, value: Any) -> None:

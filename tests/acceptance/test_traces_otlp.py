@@ -2,7 +2,8 @@
 and a `bullpen worker`, on one PostgreSQL database, turned on by the standard `OTEL_*`
 variables only, export to a receiver in this test (a real HTTP server on 127.0.0.1 that decodes
 the protobuf requests as a collector would). A task created with a client's `traceparent` is
-traced in both processes under that one trace id; the caller's API key is in no request."""
+traced in both processes under that one trace id; the caller's API key is in no request, and
+neither is the prompt (message capture is off by default)."""
 
 from __future__ import annotations
 
@@ -167,3 +168,7 @@ async def test_api_and_worker_processes_export_one_trace_over_otlp(
     sent = b"".join(rx.bodies)
     for form in encodings(boot.api_key):
         assert form.encode() not in sent
+    # Message capture is off unless asked for: no prompt, no answer.
+    assert b"Summarise the quarter" not in sent
+    assert not any("gen_ai.input.messages" in s.attributes for s in rx.spans)
+    assert not any("gen_ai.output.messages" in s.attributes for s in rx.spans)

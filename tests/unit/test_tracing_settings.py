@@ -60,6 +60,17 @@ def test_unsupported_trace_settings_are_refused(fields: dict[str, str], message:
     assert message in str(raised.value)
 
 
+def test_message_capture_is_asked_for_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("OTEL_"):
+            monkeypatch.delenv(name)
+    assert Settings().otel_capture_message_content is False
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    settings = Settings()
+    assert settings.otel_capture_message_content is True
+    assert settings.trace_exporters == ()  # it does not turn tracing on by itself
+
+
 def test_the_traces_endpoint_follows_the_otlp_rules() -> None:
     assert otlp_traces_endpoint(Settings()) == "http://localhost:4318/v1/traces"
     base = Settings(otel_exporter_otlp_endpoint="http://c:4318/")

@@ -71,21 +71,26 @@ async def list_models(principal: Caller, svc: ServicesDep) -> ModelCards:
 
 async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDep) -> Response:
     """Call a model through the gateway, streamed or not."""
+    upstream = body.upstream()
+    tracing = svc.tracing
+    answer = RelayAnswer(body.model, keep=tracing is not None and tracing.capture)
     observe = None
-    if svc.tracing is not None:  # the call's span: the caller's key id, never the key
-        observe = svc.tracing.observer(
+    if tracing is not None:  # the call's span: the caller's key id, never the key
+        observe = tracing.observer(
             body.model,
             {
                 "bullpen.workspace.id": str(principal.workspace_id),
                 **_caller_attributes(principal),
             },
+            request=upstream,
+            output=answer.message,
         )
     call, chunks, settle = await open_call(
         svc.directory,
         svc.gateway.router,
         principal,
         body.model,
-        body.upstream(),
+        upstream,
         ledger=svc.ledger,
         slots=svc.relay_slots,
         clock=svc.clock,
@@ -93,7 +98,6 @@ async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDe
         budgets=svc.relay_budgets,
         observe=observe,
     )
-    answer = RelayAnswer(body.model)
     try:
         if not body.stream:
             async for batch in chunks:

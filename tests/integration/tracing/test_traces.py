@@ -5,8 +5,9 @@ One task, created with a client's `traceparent`, runs an `llm` agent on a route 
 provider fails (503), so each LLM call falls back; the scripted model calls `comment`, then
 `finish`. Its spans must form one tree in the client's trace: the API's request span, the
 worker's run span under it, and under that each LLM call with its two provider attempts and
-each tool call, with the GenAI attributes. A relayed call carries the caller's key id. The
-provider's key and the caller's API key (canaries) appear in no span of either service.
+each tool call, with the GenAI attributes; with message capture turned on, each LLM call's
+messages and answer. A relayed call carries the caller's key id. The provider's key and the
+caller's API key (canaries) appear in no span of either service.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ SCRIPT = [
     {"tool_calls": [{"name": "comment", "arguments": {"body": "looking into it"}}]},
     {"tool_calls": [{"name": "finish", "arguments": {"result": "three metrics"}}]},
 ]
+SYSTEM = f"You analyse.\n<sim-script>{json.dumps(SCRIPT)}</sim-script>"
+PROMPT = "Analyze this dataset and extract key metrics"
 
 
 @asynccontextmanager
@@ -56,8 +59,11 @@ async def api_and_worker(
             store, load_secret(settings.secret_key, settings.data_dir), utcnow
         )
     api_spans, worker_spans = InMemorySpanExporter(), InMemorySpanExporter()
-    api_settings = settings.model_copy(update={"worker_enabled": False})
-    worker_settings = settings.model_copy(update={"worker_enabled": True, "poll_interval_s": 0.1})
+    capture = {"otel_capture_message_content": True}  # prompts and answers in LLM call spans
+    api_settings = settings.model_copy(update={"worker_enabled": False, **capture})
+    worker_settings = settings.model_copy(
+        update={"worker_enabled": True, "poll_interval_s": 0.1, **capture}
+    )
     async with build(worker_settings, span_exporter=worker_spans) as worker:
         srv, task, base_url = await start_server(api_settings, span_exporter=api_spans)
         try:
@@ -112,10 +118,7 @@ async def configure(
         body={
             "name": "analyst",
             "title": "Analyst",
-            "config": {
-                "model": "smart",
-                "system_prompt": f"You analyse.\n<sim-script>{json.dumps(SCRIPT)}</sim-script>",
-            },
+            "config": {"model": "smart", "system_prompt": SYSTEM},
         },
     )
     assert agent.status == 201, agent.text
@@ -160,7 +163,7 @@ async def test_a_run_is_one_trace_across_api_and_worker(
             "POST",
             "/api/v1/tasks",
             headers={**api.auth, "traceparent": traceparent},
-            body={"prompt": "Analyze this dataset and extract key metrics", "agent_id": agent_id},
+            body={"prompt": PROMPT, "agent_id": agent_id},
         )
         assert created.status == 201, created.text
         await wait_done(http, api, created.body["id"])
@@ -175,7 +178,15 @@ async def test_a_run_is_one_trace_across_api_and_worker(
             api.base_url + "/v1/chat/completions", json=relay, headers=api.auth
         ) as resp:
             assert resp.status == 200
-            assert (await resp.text()).endswith("data: [DONE]\n\n")
+            frames = await resp.text()
+        assert frames.endswith("data: [DONE]\n\n")
+        relay_text = "".join(
+            choice["delta"].get("content") or ""
+            for line in frames.splitlines()
+            if line.startswith("data: {")
+            for choice in json.loads(line[6:])["choices"]
+        )
+        assert relay_text
         assert api.services.tracing is not None and worker.tracing is not None
         api.services.tracing.flush()
         worker.tracing.flush()
@@ -228,6 +239,11 @@ async def test_a_run_is_one_trace_across_api_and_worker(
             (attrs["gen_ai.usage.input_tokens"] * 3 + attrs["gen_ai.usage.output_tokens"] * 15)
             / 1e6
         )
+        sent = json.loads(attrs["gen_ai.input.messages"])
+        assert sent[:2] == [
+            {"role": "system", "parts": [{"type": "text", "content": SYSTEM}]},
+            {"role": "user", "parts": [{"type": "text", "content": PROMPT}]},
+        ]
         failed, served = children(from_worker, chat)
         assert (failed.name, failed.kind, served.name, served.kind) == (
             "chat m",
@@ -243,6 +259,18 @@ async def test_a_run_is_one_trace_across_api_and_worker(
         assert served.attributes["bullpen.gateway.outcome"] == "ok"
         assert failed.end_time is not None and served.start_time is not None
         assert failed.end_time <= served.start_time
+    assert steps[0].attributes is not None and steps[2].attributes is not None
+    [answered] = json.loads(steps[0].attributes["gen_ai.output.messages"])
+    assert answered["role"] == "assistant" and answered["finish_reason"] == "tool_calls"
+    [called] = answered["parts"]
+    assert (called["type"], called["name"]) == ("tool_call", "comment")
+    assert json.loads(called["arguments"]) == {"body": "looking into it"}
+    # The second call was sent the first step's tool call and its result.
+    later = json.loads(steps[2].attributes["gen_ai.input.messages"])
+    assert later[-1] == {
+        "role": "tool",
+        "parts": [{"type": "tool_call_response", "id": called["id"], "response": "comment added"}],
+    }
     for tool, name in ((steps[1], "comment"), (steps[3], "finish")):
         assert tool.attributes is not None
         assert tool.attributes["gen_ai.operation.name"] == "execute_tool"
@@ -262,14 +290,15 @@ async def test_a_run_is_one_trace_across_api_and_worker(
         "primary",
         "backup",
     ]
+    [streamed] = json.loads(relayed.attributes["gen_ai.output.messages"])
+    assert streamed["parts"] == [{"type": "text", "content": relay_text}]
 
-    # No secret in any span: the provider's key, the caller's key.
+    # No secret in any span, prompts and answers recorded: the provider's key, the caller's key.
     assert api.boot.api_key
     dumped = "".join(s.to_json() for s in (*from_api, *from_worker))
     for secret in (CANARY, api.boot.api_key):
         for form in encodings(secret):
             assert form not in dumped
-    assert "looking into it" not in dumped and "three metrics" not in dumped  # no content
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])
