@@ -17,6 +17,7 @@ from bullpen.agents.base import Adapter
 from bullpen.agents.configs import ConfigPolicy
 from bullpen.agents.http import HttpAdapter
 from bullpen.agents.llm import LlmAdapter
+from bullpen.agents.mcp import McpClient, McpTools
 from bullpen.domain.breakers import BreakerLimits
 from bullpen.domain.runs import RetryPolicy
 from bullpen.gateway.breaker import BreakerPolicy, Breakers
@@ -48,6 +49,7 @@ from bullpen.services.gateway import Directory, GatewayConfig
 from bullpen.services.housekeeping import Housekeeper, Retention
 from bullpen.services.invitations import InvitationService
 from bullpen.services.ledger import UsageLedger
+from bullpen.services.mcp_servers import McpDirectory, McpService
 from bullpen.services.routines import RoutineService, Scheduler
 from bullpen.services.spend import RelayBudgets, RunSpend, Spend
 from bullpen.services.tasks import TaskService
@@ -116,6 +118,8 @@ class Services:
     spend: Spend
     budgets: BudgetService
     gateway_config: GatewayConfig
+    mcp_servers: McpService
+    mcp_tools: McpTools  # the tool loop's MCP side (the worker's `llm` adapter holds it)
     limits: CallerLimits
     metrics: CollectorRegistry
     clock: Callable[[], datetime]
@@ -240,9 +244,25 @@ async def build(
             wakeups.append(notifier.enqueued)
         process_allow = process.parse_allow(settings.process_allow)
         process_env_allow = process_env.EnvAllow.parse(settings.process_env_allow)
+        mcp_client = McpClient(
+            outbound,
+            process_allow=process_allow,
+            env_allow=process_env_allow,
+            ttl_s=settings.mcp_tools_ttl_s,
+            clock=time.monotonic,
+        )
+        stack.push_async_callback(mcp_client.close)
+        mcp_directory = McpDirectory(
+            store, box, ttl_s=settings.mcp_servers_ttl_s, clock=time.monotonic
+        )
+        mcp_tools = McpTools(
+            mcp_directory, mcp_client, result_max_chars=settings.mcp_result_max_chars
+        )
         if settings.worker_enabled:
             adapters: dict[str, Adapter] = {
-                "llm": LlmAdapter(gateway, team, RunSpend(spend, store), tracing=tracing),
+                "llm": LlmAdapter(
+                    gateway, team, RunSpend(spend, store), mcp_tools, tracing=tracing
+                ),
                 "http": await stack.enter_async_context(HttpAdapter(box, outbound)),
             }
             if process_allow:
@@ -388,6 +408,17 @@ async def build(
             spend=spend,
             budgets=BudgetService(store, clock, spend),
             gateway_config=GatewayConfig(store, box, directory, clock, defaults, outbound),
+            mcp_tools=mcp_tools,
+            mcp_servers=McpService(
+                store,
+                box,
+                mcp_client,
+                mcp_directory,
+                clock,
+                outbound=outbound,
+                process_allow=process_allow,
+                env_allow=process_env_allow,
+            ),
             limits=CallerLimits(
                 TokenBuckets(
                     rate=settings.rate_limit_key_rps,

@@ -302,6 +302,11 @@ class BudgetExceeded(BullpenError):
     slug = "budget-exceeded"
     title = "Budget exceeded"
 
+    def __init__(self, detail: str, *, by_budget: bool = True) -> None:
+        super().__init__(detail)
+        # A budget refused (an approver may override it for the task), not the run's ceiling.
+        self.by_budget = by_budget
+
     @property
     def openai_error(self) -> tuple[str, str] | None:
         """OpenAI's out-of-credit answer, which its clients do not retry."""

@@ -204,6 +204,11 @@ class Settings(BaseSettings):
     # How long a process reuses a workspace's providers and routes before reading them again
     # (changes made through this process apply at once).
     gateway_catalog_ttl_s: float = Field(default=2.0, ge=0)
+    # MCP servers (issue 24): how long a server's tool listing is reused, how long the
+    # workspace's server list is, and the longest tool result given to a model (characters).
+    mcp_tools_ttl_s: float = Field(default=60.0, ge=0)
+    mcp_servers_ttl_s: float = Field(default=2.0, ge=0)
+    mcp_result_max_chars: int = Field(default=20_000, ge=100, le=1_000_000)
     api_key_cache_s: float = Field(default=1.0, ge=0, le=60)
     # Relay streams open at once in this process; beyond it the relay answers 503.
     relay_max_streams: int = Field(default=2000, ge=1)

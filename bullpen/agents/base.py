@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from bullpen.domain.events import EventKind
+from bullpen.domain.records.mcp import OpenStep
 from bullpen.domain.runs import ClaimedRun, RunOutcome
 from bullpen.domain.status import RunStatus
 from bullpen.gateway.catalog import Target
@@ -188,9 +189,32 @@ class TeamPort(Protocol):
         reports: list[Report],
         cost_usd: float,
         denied: tuple[frozenset[str], str] | None = None,
+        given: dict[int, str] | None = None,
     ) -> StepResult:
         """Carry out a step's tool calls and record the step, in one fenced transaction;
-        `denied` (tools, result): those tools' calls are not carried out, their result given."""
+        `denied` (tools, result): those tools' calls are not carried out, their result given;
+        `given`: results of calls already made outside (by index), the step's open record
+        closed."""
+
+    async def open_step(
+        self,
+        run: ClaimedRun,
+        *,
+        step: int,
+        messages: list[dict[str, Any]],
+        calls: list[ToolCall],
+        cost_usd: float,
+    ) -> None:
+        """Record a step about to make outside (MCP) calls, before the first (fenced)."""
+
+    async def mark_call(
+        self, run: ClaimedRun, step: int, index: int, state: dict[str, Any]
+    ) -> None:
+        """Record an outside call's state in its open step: `started`, or `done` with its
+        result (fenced)."""
+
+    async def open_step_of(self, task_id: UUID, step: int) -> OpenStep | None:
+        """Step `step` of the task if it was opened and never committed (a crash)."""
 
     async def hold_step(
         self,

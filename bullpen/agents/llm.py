@@ -7,7 +7,9 @@ a `delegate` that waits ends the run with the task `blocked`, and the task's nex
 from the stored steps with what its subtasks ended with. A step calling a tool of the config's
 `approval_tools` is held (its messages kept with the approval) and the run ends with the task
 `awaiting_approval`; once decided, the next run carries that step out without asking the model
-again (a denied call's result says so, with the reason) and the loop goes on. Ceilings on the
+again (a denied call's result says so, with the reason) and the loop goes on. MCP servers'
+tools (the config's `mcp`) are offered beside the built-in ones and called at most once, even
+across a crash (see `_execute` and `bullpen.agents.mcp`). Ceilings on the
 steps, the wall time and the cost of a run, and a loop detector (the same call made
 `loop_repeats` times on the task), stop a runaway with a typed error.
 """
@@ -37,10 +39,11 @@ from bullpen.agents.base import (
     TeamPort,
     ToolCall,
 )
+from bullpen.agents.mcp import INTERRUPTED, Grant, McpTools, Toolbox, parse_grants, refusal
 from bullpen.domain.events import EventKind
 from bullpen.domain.runs import RunOutcome
 from bullpen.domain.status import RunStatus
-from bullpen.errors import AgentLoop, AgentStopped, BullpenError
+from bullpen.errors import AgentLoop, AgentStopped, BudgetExceeded, BullpenError
 from bullpen.gateway.catalog import Target
 from bullpen.gateway.chunks import OutputCount, ToolCalls
 from bullpen.gateway.router import Call, Gateway, content_of
@@ -68,6 +71,7 @@ class LlmConfig:
     max_cost_usd: float | None = None  # provider cost per run
     loop_repeats: int = LOOP_REPEATS  # the same tool call this often on a task is a loop
     approval_tools: frozenset[str] = frozenset()  # tools whose calls wait for an approval
+    mcp: tuple[Grant, ...] = ()  # MCP servers and the tools of each the agent may call
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> LlmConfig:
@@ -89,6 +93,7 @@ class LlmConfig:
             max_cost_usd=_positive(raw, "max_cost_usd", None, float),
             loop_repeats=_positive(raw, "loop_repeats", LOOP_REPEATS, int),
             approval_tools=_tool_names(raw.get("approval_tools")),
+            mcp=parse_grants(raw.get("mcp")),
         )
 
 
@@ -286,6 +291,7 @@ class _Usage:
             waits=waits,
             calls=self.calls or None,
             awaits_approval=awaits_approval,
+            budget_stop=isinstance(error, BudgetExceeded) and error.by_budget,
         )
 
 
@@ -297,12 +303,14 @@ class LlmAdapter:
         gateway: Gateway,
         team: TeamPort,
         spend: SpendPort | None = None,
+        mcp: McpTools | None = None,
         *,
         tracing: Tracing | None = None,
     ) -> None:
         self._gateway = gateway
         self._team = team
         self._spend = spend
+        self._mcp = mcp
         self._tracing = tracing
 
     async def run(self, ctx: RunContext) -> RunOutcome:
@@ -347,13 +355,39 @@ class LlmAdapter:
         for past in history:
             messages.extend(past)
         step = len(history)
-        if config.approval_tools:  # a step held for an approval: carry it out once decided
+        box = Toolbox()
+        if config.mcp and self._mcp is not None:
+            box = await self._mcp.toolbox(run.workspace_id, config.mcp)
+            for problem in box.problems:  # the run goes on without that server's tools
+                ctx.events.emit(EventKind.LOG, {"message": problem, "source": "mcp"})
+        opened = await self._team.open_step_of(run.task_id, step + 1) if config.mcp else None
+        if opened is not None:  # a crash during the step's outside calls: finish that step
+            step += 1
+            calls = [ToolCall(c["id"], c["name"], c["arguments"]) for c in opened.calls]
+            held = await self._team.held_step(run.task_id, step) if config.approval_tools else None
+            carried = await self._execute(
+                ctx,
+                step,
+                opened.messages,
+                calls,
+                reports,
+                opened.cost_usd,
+                box,
+                denied=_denial(held),
+                prior=opened.results,
+            )
+            messages.extend([*opened.messages, *carried.messages])
+            if carried.finished is not None:
+                return usage.outcome(None, carried.finished)
+            if carried.waits:
+                return usage.outcome(None, None, waits=True)
+        elif config.approval_tools:  # a step held for an approval: carry it out once decided
             held = await self._team.held_step(run.task_id, step + 1)
             if held is not None and held.approved is None:  # a delivery again: still waiting
                 return usage.outcome(None, None, awaits_approval=True)
             if held is not None:
                 step += 1
-                carried = await self._carry_out(ctx, held, step, reports)
+                carried = await self._carry_out(ctx, held, step, reports, box)
                 messages.extend([*held.messages, *carried.messages])
                 if carried.finished is not None:
                     return usage.outcome(None, carried.finished)
@@ -365,7 +399,7 @@ class LlmAdapter:
         ]
         pending = [_wake_message(ended)] if ended else []
         seen = Counter(_signature(call) for call in _past_calls(messages))
-        tools = tool_specs(reports)
+        tools = [*tool_specs(reports), *box.specs]
         loop = asyncio.get_running_loop()
         delivered = False
         # The ceilings count the task's earlier runs of this agent too (its stored steps and
@@ -470,19 +504,9 @@ class LlmAdapter:
                     },
                 )
                 return usage.outcome(None, None, awaits_approval=True)
-            done = await self._commit(
-                ctx,
-                step=step,
-                messages=[*pending, assistant],
-                calls=calls,
-                reports=reports,
-                cost_usd=call.cost_usd or 0.0,
+            done = await self._execute(
+                ctx, step, [*pending, assistant], calls, reports, call.cost_usd or 0.0, box
             )
-            for c, result in zip(calls, done.results, strict=True):
-                ctx.events.emit(
-                    EventKind.TOOL_RESULT,
-                    {"step": step, "id": c.id, "name": c.name, "result": result},
-                )
             messages.extend([*pending, assistant, *done.messages])
             pending = []
             if done.finished is not None:
@@ -491,60 +515,101 @@ class LlmAdapter:
                 return usage.outcome(None, None, waits=True)
 
     async def _carry_out(
-        self, ctx: RunContext, held: HeldStep, step: int, reports: list[Report]
+        self, ctx: RunContext, held: HeldStep, step: int, reports: list[Report], box: Toolbox
     ) -> StepResult:
         """Commit a held step as decided, with no model call."""
-        denied = None
-        if not held.approved:
-            why = f": {held.reason}" if held.reason else ""
-            denied = (held.tools, f"an approver denied this call{why}")
-        done = await self._commit(
-            ctx,
-            step=step,
-            messages=held.messages,
-            calls=held.calls,
-            reports=reports,
-            cost_usd=held.cost_usd,
-            denied=denied,
+        return await self._execute(
+            ctx, step, held.messages, held.calls, reports, held.cost_usd, box, denied=_denial(held)
         )
-        for c, result in zip(held.calls, done.results, strict=True):
-            ctx.events.emit(
-                EventKind.TOOL_RESULT, {"step": step, "id": c.id, "name": c.name, "result": result}
-            )
-        return done
 
-    async def _commit(
+    async def _execute(
         self,
         ctx: RunContext,
-        *,
         step: int,
         messages: list[dict[str, Any]],
         calls: list[ToolCall],
         reports: list[Report],
         cost_usd: float,
+        box: Toolbox,
+        *,
         denied: tuple[frozenset[str], str] | None = None,
+        prior: dict[str, dict[str, Any]] | None = None,
     ) -> StepResult:
-        """Carry out a step's tool calls and commit it: every tool call of a run goes through
-        here, and is traced here (a span per call, from before any call is carried out to the
-        step's commit), whatever kind of tool carries it out."""
+        """Carry out a step's calls and commit it (`_carry_calls`): every tool call of a run,
+        built-in or an MCP server's, goes through here, and is traced here (a span per call,
+        from before any call is carried out to the step's commit)."""
         tracing = self._tracing
-        spans = tracing.start_tools(step, [(c.id, c.name) for c in calls]) if tracing else None
+        if tracing is None:
+            return await self._carry_calls(
+                ctx, step, messages, calls, reports, cost_usd, box, denied=denied, prior=prior
+            )
+        spans = tracing.start_tools(step, [(c.id, c.name, c.name in box.offered) for c in calls])
         try:
-            done = await self._team.commit_step(
-                ctx.run,
-                step=step,
-                messages=messages,
-                calls=calls,
-                reports=reports,
-                cost_usd=cost_usd,
-                denied=denied,
+            done = await self._carry_calls(
+                ctx, step, messages, calls, reports, cost_usd, box, denied=denied, prior=prior
             )
         except BaseException as exc:
-            if tracing is not None and spans is not None:
-                tracing.end_tools(spans, None, exc)
+            tracing.end_tools(spans, None, exc)
             raise
-        if tracing is not None and spans is not None:
-            tracing.end_tools(spans, done.results)
+        tracing.end_tools(spans, done.results)
+        return done
+
+    async def _carry_calls(
+        self,
+        ctx: RunContext,
+        step: int,
+        messages: list[dict[str, Any]],
+        calls: list[ToolCall],
+        reports: list[Report],
+        cost_usd: float,
+        box: Toolbox,
+        *,
+        denied: tuple[frozenset[str], str] | None = None,
+        prior: dict[str, dict[str, Any]] | None = None,
+    ) -> StepResult:
+        """Carry out a step's calls and commit it. MCP calls reach outside the transaction, so
+        the step is opened first and each call marked started, then done with its result: a
+        delivery after a crash finishes the same step (`prior`: what its calls got to) and
+        never makes a started call again."""
+        given: dict[int, str] = {}
+        outside: list[int] = []
+        for index, c in enumerate(calls):
+            if denied is not None and c.name in denied[0]:
+                continue
+            if c.name in box.offered:
+                outside.append(index)
+            elif (why := refusal(c.name)) is not None:
+                given[index] = why
+        if outside and prior is None:
+            await self._team.open_step(
+                ctx.run, step=step, messages=messages, calls=calls, cost_usd=cost_usd
+            )
+            prior = {}
+        for index in outside:
+            state = (prior or {}).get(str(index))
+            if state is not None:
+                done_before = state.get("state") == "done"
+                given[index] = str(state.get("result")) if done_before else INTERRUPTED
+                continue
+            assert self._mcp is not None
+            await self._team.mark_call(ctx.run, step, index, {"state": "started"})
+            result = await self._mcp.call(box.offered[calls[index].name], calls[index].arguments)
+            await self._team.mark_call(ctx.run, step, index, {"state": "done", "result": result})
+            given[index] = result
+        done: StepResult = await self._team.commit_step(
+            ctx.run,
+            step=step,
+            messages=messages,
+            calls=calls,
+            reports=reports,
+            cost_usd=cost_usd,
+            denied=denied,
+            given=given if given or prior is not None else None,
+        )
+        for c, result in zip(calls, done.results, strict=True):
+            ctx.events.emit(
+                EventKind.TOOL_RESULT, {"step": step, "id": c.id, "name": c.name, "result": result}
+            )
         return done
 
     async def _complete(
@@ -620,6 +685,14 @@ def _assistant(text: str, calls: list[ToolCall]) -> dict[str, Any]:
             for c in calls
         ]
     return message
+
+
+def _denial(held: HeldStep | None) -> tuple[frozenset[str], str] | None:
+    """The gated tools of a denied held step and their result, or None."""
+    if held is None or held.approved is not False:
+        return None
+    why = f": {held.reason}" if held.reason else ""
+    return held.tools, f"an approver denied this call{why}"
 
 
 class _Delivered(Exception):

@@ -30,6 +30,7 @@ from bullpen.api.routes import (
     budgets,
     events,
     invitations,
+    mcp_servers,
     members,
     providers,
     relay,
@@ -104,6 +105,7 @@ API_ROUTERS: list[APIRouter] = [
         events,
         audit,
         providers,
+        mcp_servers,
         budgets,
     )
 ]

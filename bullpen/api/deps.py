@@ -22,6 +22,7 @@ from bullpen.services.api_keys import ApiKeyService
 from bullpen.services.budgets import BudgetService
 from bullpen.services.gateway import GatewayConfig
 from bullpen.services.invitations import InvitationService
+from bullpen.services.mcp_servers import McpService
 from bullpen.services.routines import RoutineService
 from bullpen.services.users import UserService
 from bullpen.services.workspaces import WorkspaceService
@@ -117,6 +118,10 @@ async def _budgets(svc: ServicesDep) -> BudgetService:
     return svc.budgets
 
 
+async def _mcp_servers(svc: ServicesDep) -> McpService:
+    return svc.mcp_servers
+
+
 Agents = Annotated[AgentService, Depends(_agents)]
 ApiKeys = Annotated[ApiKeyService, Depends(_api_keys)]
 Invitations = Annotated[InvitationService, Depends(_invitations)]
@@ -125,6 +130,7 @@ Users = Annotated[UserService, Depends(_users)]
 Routines = Annotated[RoutineService, Depends(_routines)]
 GatewayConfigs = Annotated[GatewayConfig, Depends(_gateway_config)]
 Budgets = Annotated[BudgetService, Depends(_budgets)]
+McpServers = Annotated[McpService, Depends(_mcp_servers)]
 
 
 def check_same_site(request: Request) -> None:

@@ -18,6 +18,7 @@ _DESCRIPTIONS = {
     415: "Body is not `application/json`",
     422: "A field is invalid (see `errors`), or an `Idempotency-Key` reused with another body",
     429: "Rate limited; retry after `Retry-After` seconds",
+    502: "An outside server (an MCP server) could not be reached or answered wrongly",
     503: "The database is unreachable; retry after `Retry-After` seconds",
 }
 

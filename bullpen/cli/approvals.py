@@ -109,8 +109,19 @@ def approvals_show(
     typer.echo("\n".join(lines))
 
 
-def _decide(verb: str, ref: str, url: str, key: str, reason: str | None, as_json: bool) -> None:
-    body = call(url, key, "POST", _path(ref, verb), {"reason": reason} if reason else {})
+def _decide(
+    verb: str,
+    ref: str,
+    url: str,
+    key: str,
+    reason: str | None,
+    as_json: bool,
+    amount_usd: float | None = None,
+) -> None:
+    sent: dict[str, object] = {"reason": reason} if reason else {}
+    if amount_usd is not None:
+        sent["amount_usd"] = amount_usd
+    body = call(url, key, "POST", _path(ref, verb), sent)
     if as_json:
         print_json(body)
     else:
@@ -124,10 +135,18 @@ def approvals_approve(
     *,
     api_key: ServerKey,
     reason: Reason = None,
+    amount: Annotated[
+        float | None,
+        typer.Option(
+            "--amount",
+            help="A budget override: how much more (USD) the task may spend past its budgets.",
+        ),
+    ] = None,
     as_json: AsJson = False,
 ) -> None:
-    """Approve: a held task is queued, a held tool step runs."""
-    _decide("approve", ref, url, api_key, reason, as_json)
+    """Approve: a held task is queued, a held tool step runs, a budget override (--amount)
+    lets the task go on."""
+    _decide("approve", ref, url, api_key, reason, as_json, amount)
 
 
 @approvals_cli.command("deny")

@@ -23,6 +23,7 @@ from bullpen.cli.approvals import approvals_cli
 from bullpen.cli.bench import bench
 from bullpen.cli.budgets import budgets_cli, costs
 from bullpen.cli.gateway import providers_cli, routes_cli
+from bullpen.cli.mcp import mcp_cli
 from bullpen.cli.output import console
 
 if TYPE_CHECKING:  # imported where used: they cost the API commands a second or more at start
@@ -367,6 +368,7 @@ def sim_provider(
 cli.command()(bench)
 cli.add_typer(providers_cli, name="providers")
 cli.add_typer(routes_cli, name="routes")
+cli.add_typer(mcp_cli, name="mcp")
 cli.add_typer(agents_cli, name="agents")
 cli.add_typer(approvals_cli, name="approvals")
 cli.add_typer(budgets_cli, name="budgets")

@@ -67,6 +67,8 @@ class RunOutcome:
     calls: list[dict[str, Any]] | None = None
     # A tool call waits for an approval: the task is `awaiting_approval` until it is decided.
     awaits_approval: bool = False
+    # A budget (not the run's ceiling) stopped the run: an approver may override it.
+    budget_stop: bool = False
 
 
 @dataclass(frozen=True, slots=True)

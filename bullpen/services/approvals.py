@@ -7,7 +7,10 @@ with its effect, its audit event and its `approval.decided` notice in one transa
 - `task`: approved, the task is queued with a run; denied, it is cancelled with the reason.
 - `tool_call`: either way the task is queued again; its next run carries the held step out
   (a denied call's result tells the model so) and the loop goes on.
-- other kinds (`budget_override`): the effect registered for the kind (`register`).
+- `budget_override` (opened when a budget stopped a run): approved with an amount, the task
+  gets that much room past its budgets, once, and is queued again if it had failed; denied,
+  it stays failed.
+- other kinds: the effect registered for the kind (`register`).
 
 A decision on a task that has left `awaiting_approval` meanwhile (cancelled) is recorded and
 changes nothing else. An approval still pending past its time is decided by its default outcome
@@ -32,6 +35,8 @@ from bullpen.domain.principal import Principal, Role
 from bullpen.errors import ApprovalDecided, Forbidden, InvalidInput, NotFound
 from bullpen.store import approvals as approval_store
 from bullpen.store import audit, workflow
+from bullpen.store import budgets as budget_store
+from bullpen.store import tasks as task_store
 from bullpen.store import workspaces as ws_store
 from bullpen.store.base import Connection, Store
 from bullpen.store.paging import Page
@@ -93,11 +98,19 @@ class ApprovalService:
         return found
 
     async def decide(
-        self, principal: Principal, approval_id: UUID, outcome: Outcome, reason: str | None
+        self,
+        principal: Principal,
+        approval_id: UUID,
+        outcome: Outcome,
+        reason: str | None,
+        amount_usd: float | None = None,
     ) -> ApprovalRecord:
-        """Approve or deny a pending approval; a decided one is 409 (`approval-decided`)."""
+        """Approve or deny a pending approval; a decided one is 409 (`approval-decided`).
+        Approving a `budget_override` needs `amount_usd`, which nothing else takes."""
         if reason is not None and len(reason) > REASON_MAX:
             raise InvalidInput(f"the reason is longer than {REASON_MAX} characters")
+        if amount_usd is not None and outcome is not Outcome.APPROVE:
+            raise InvalidInput("only approving a budget override takes amount_usd")
         now = self._clock()
         async with self._store.write() as conn:
             await self._check_decider(conn, principal)  # whatever the object: 403 before 404
@@ -105,6 +118,7 @@ class ApprovalService:
             if found is None:
                 raise NotFound("no such approval in this workspace")
             approve = outcome is Outcome.APPROVE
+            _check_amount(found, approve, amount_usd)
             status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
             decided = await approval_store.decide(
                 conn,
@@ -117,15 +131,12 @@ class ApprovalService:
             )
             if decided is None:
                 raise ApprovalDecided(f"the approval was decided already ({found.status})")
-            queued = await self._apply(conn, decided, now)
+            queued = await self._apply(conn, decided, now, amount_usd)
+            data = _audited(decided, queued)
+            if amount_usd is not None:
+                data["amount_usd"] = amount_usd
             await audit.record_by(
-                conn,
-                principal,
-                f"approval.{outcome.value}",
-                "approval",
-                approval_id,
-                now,
-                _audited(decided, queued),
+                conn, principal, f"approval.{outcome.value}", "approval", approval_id, now, data
             )
             self._store.after_commit(self._on_enqueued)
         return decided
@@ -173,9 +184,20 @@ class ApprovalService:
             return
         raise Forbidden("only an owner, an admin or a member marked approver may decide")
 
-    async def _apply(self, conn: Connection, approval: ApprovalRecord, now: datetime) -> bool:
+    async def _apply(
+        self,
+        conn: Connection,
+        approval: ApprovalRecord,
+        now: datetime,
+        amount_usd: float | None = None,
+    ) -> bool:
         """The decision's effect; whether a run was queued."""
         approved = bool(approval.approved)
+        if approval.kind == ApprovalKind.BUDGET_OVERRIDE:
+            if not approved or amount_usd is None:  # denied, or expired by its default
+                return False
+            await budget_store.add_override(conn, approval.task_id, amount_usd)
+            return await task_store.requeue_failed(conn, approval.task_id, now)
         if approval.kind in (ApprovalKind.TASK, ApprovalKind.TOOL_CALL):
             # Guarded by the task still awaiting approval: a task cancelled meanwhile stays so;
             # a tool call decided before the run that held it ended is released by that end.
@@ -189,6 +211,22 @@ class ApprovalService:
             return await approval_store.release(conn, approval.task_id, now) is not None
         effect = self._effects.get(approval.kind)
         return False if effect is None else await effect(conn, approval, approved, now)
+
+
+def _check_amount(approval: ApprovalRecord, approve: bool, amount_usd: float | None) -> None:
+    override = approval.kind == ApprovalKind.BUDGET_OVERRIDE
+    if amount_usd is not None and not override:
+        raise _amount_error(
+            f"amount_usd is for budget overrides; this approval is of a {approval.kind}"
+        )
+    if override and approve and amount_usd is None:
+        raise _amount_error("approving a budget override needs amount_usd: how much more to allow")
+
+
+def _amount_error(message: str) -> InvalidInput:
+    # `amount_kind`: whether an amount belongs depends on the approval's kind.
+    error = {"location": "body", "field": "amount_usd", "message": message, "code": "amount_kind"}
+    return InvalidInput(message, errors=[error])
 
 
 def _audited(approval: ApprovalRecord, queued: bool) -> dict[str, object]:

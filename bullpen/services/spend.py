@@ -84,6 +84,9 @@ class Meter:
     reserved_usd: float = 0.0  # held against the budgets (and the ceiling) so far
     allowance_tokens: float = math.inf  # output tokens the reservation covers
     prompt_usd: float = 0.0
+    task_id: UUID | None = None  # a run's task: a budget override approved for it applies
+    by_ceiling: bool = False  # the run's ceiling, not a budget, bounded the last grant
+    exhausted: bool = False  # a reservation got nothing: the call ends with its allowance
     _token_usd: float = field(default=0.0)
 
     async def start(self, prompt_tokens: int, first_slice: int) -> None:
@@ -99,28 +102,39 @@ class Meter:
         self.allowance_tokens = left / self._token_usd if self._token_usd > 0 else math.inf
 
     async def need(self, output_tokens: int) -> None:
-        """Make sure `output_tokens` of output are reserved; stop the call if they cannot be."""
-        while output_tokens > self.allowance_tokens:
+        """Make sure `output_tokens` of output are reserved, and half a slice more: the next
+        slice is asked for while the call still has that much left, so output arriving while
+        the reservation is made is covered. Stop the call once its output passes what is
+        reserved and no more can be."""
+        ahead = self.slice_tokens / 2
+        while output_tokens > self.allowance_tokens - ahead and not self.exhausted:
             granted = await self._grant(self.slice_tokens * self._token_usd)
             more = granted / self._token_usd
             if more < 1:
-                raise self._refusal(before=False)
-            self.allowance_tokens += more
+                self.exhausted = True  # asked once in vain: no more reservations for it
+            else:
+                self.allowance_tokens += more
+        if output_tokens > self.allowance_tokens:
+            raise self._refusal(before=False)
 
     async def _grant(self, want_usd: float) -> float:
         granted = want_usd
         if self.ceiling_left_usd is not None:
             granted = max(0.0, min(granted, self.ceiling_left_usd - self.reserved_usd))
+            self.by_ceiling = granted < want_usd
         if self.budget_ids and granted > 0:
             granted = await self.source(self, granted)
         self.reserved_usd += granted
         return granted
 
     def _refusal(self, *, before: bool) -> BudgetExceeded:
-        what = "a budget" if self.budget_ids else "the run's cost ceiling (max_cost_usd)"
+        by_budget = bool(self.budget_ids) and not self.by_ceiling
+        what = "a budget" if by_budget else "the run's cost ceiling (max_cost_usd)"
         if before:
-            return BudgetExceeded(f"{what} has no room left for this call")
-        return BudgetExceeded(f"stopped the answer: {what} has no room left for more output")
+            return BudgetExceeded(f"{what} has no room left for this call", by_budget=by_budget)
+        return BudgetExceeded(
+            f"stopped the answer: {what} has no room left for more output", by_budget=by_budget
+        )
 
     def _held(self) -> dict[str, Any]:
         return {"reservation_id": self.reservation_id, "budget_ids": self.budget_ids}
@@ -236,6 +250,7 @@ class Spend:
         budget_ids: list[UUID],
         ceiling_left_usd: float | None = None,
         run_id: UUID | None = None,
+        task_id: UUID | None = None,
     ) -> Meter:
         """Reserve in the store for a call about to be made (raises BudgetExceeded when there
         is no room)."""
@@ -246,6 +261,7 @@ class Spend:
             ceiling_left_usd=ceiling_left_usd,
             run_id=run_id,
         )
+        meter.task_id = task_id
         try:
             await self.start(meter, request)
         except BudgetExceeded:
@@ -283,6 +299,7 @@ class Spend:
                 reservation_id=meter.reservation_id,
                 run_id=meter.run_id,
                 api_key_id=meter.api_key_id,
+                override_task_id=meter.task_id,
             )
             await budget_store.record_crossings(conn, meter.workspace_id, grant.crossings, now)
         return grant.granted_usd
@@ -319,6 +336,7 @@ class RunSpend:
             budget_ids=budget_ids,
             ceiling_left_usd=ceiling_left_usd,
             run_id=run.id,
+            task_id=run.task_id,
         )
 
 
@@ -391,6 +409,7 @@ class RelayBudgets:
         self._tick_s = tick_s
         self._pools: dict[tuple[UUID, tuple[UUID, ...]], _Pool] = {}
         self._task: asyncio.Task[None] | None = None
+        self._restocking: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> RelayBudgets:
         self._task = asyncio.create_task(self._tend(), name="relay-budget-pools")
@@ -401,6 +420,8 @@ class RelayBudgets:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._restocking:
+            await asyncio.wait(self._restocking)
         for pool in list(self._pools.values()):
             with contextlib.suppress(BullpenError):
                 await self._give_back(pool)
@@ -447,7 +468,22 @@ class RelayBudgets:
                     await self._top_up(pool, short, want_usd * self._stock_slices)
         granted = max(0.0, min(want_usd, pool.held_usd - pool.drawn_usd))
         pool.drawn_usd += granted
+        stock = want_usd * self._stock_slices
+        if granted and pool.held_usd - pool.drawn_usd < stock / 2 and not pool.lock.locked():
+            # Restock ahead, off this call's path: calls waiting on a top-up read nothing, and
+            # what their providers stream meanwhile arrives in one large read.
+            task = asyncio.create_task(self._restock(pool, stock), name="relay-budget-restock")
+            self._restocking.add(task)
+            task.add_done_callback(self._restocking.discard)
         return granted
+
+    async def _restock(self, pool: _Pool, stock_usd: float) -> None:
+        try:
+            async with pool.lock:
+                if not pool.closed and pool.held_usd - pool.drawn_usd < stock_usd / 2:
+                    await self._top_up(pool, 0.0, stock_usd)
+        except BullpenError as err:  # the database is away: the next draw tries again
+            log.warning("could not restock a relay budget pool: %s", err.detail)
 
     async def _top_up(self, pool: _Pool, need_usd: float, stock_usd: float) -> None:
         now = self._clock()

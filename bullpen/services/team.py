@@ -19,15 +19,17 @@ import orjson
 
 from bullpen.agents.base import HeldStep, Related, Report, StepResult, ToolCall
 from bullpen.domain.approvals import ApprovalKind, Outcome
+from bullpen.domain.records.mcp import OpenStep
 from bullpen.domain.runs import ClaimedRun
 from bullpen.domain.status import TERMINAL_TASK
 from bullpen.errors import Conflict
 from bullpen.services.enqueue import Admission, unavailable
 from bullpen.store import agents as agent_store
 from bullpen.store import approvals as approval_store
+from bullpen.store import mcp as mcp_store
 from bullpen.store import runs as run_store
 from bullpen.store import workflow
-from bullpen.store.base import Store
+from bullpen.store.base import Connection, Store
 
 TITLE_MAX = 200
 PROMPT_MAX = 100_000
@@ -110,9 +112,12 @@ class Team:
         reports: list[Report],
         cost_usd: float,
         denied: tuple[frozenset[str], str] | None = None,
+        given: dict[int, str] | None = None,
     ) -> StepResult:
         """Carry out a step's tool calls and record the step, in one fenced transaction;
-        `denied` (tools, result): those tools' calls are not carried out, their result given."""
+        `denied` (tools, result): those tools' calls are not carried out, their result given;
+        `given`: results of calls already made outside (by index), the step's open record
+        closed."""
         now = self._clock()
         by_name = {report.name: report for report in reports}
         results: list[str] = []
@@ -127,6 +132,9 @@ class Team:
                 try:
                     if denied is not None and call.name in denied[0]:
                         raise _ToolError(denied[1])
+                    if given is not None and index in given:
+                        results.append(given[index])
+                        continue
                     args = _args(call)
                     if call.name == "delegate":
                         report = by_name.get(str(args.get("agent")))
@@ -201,9 +209,53 @@ class Team:
                 cost_usd=cost_usd,
                 now=now,
             )
+            if given is not None:
+                await mcp_store.close_step(conn, run.task_id, step)
             if created:
                 self._store.after_commit(self._on_enqueued)
         return StepResult(results, tool_messages, finished, waits and finished is None)
+
+    async def open_step(
+        self,
+        run: ClaimedRun,
+        *,
+        step: int,
+        messages: list[dict[str, Any]],
+        calls: list[ToolCall],
+        cost_usd: float,
+    ) -> None:
+        """Record a step about to make outside (MCP) calls, before the first (fenced): a
+        delivery after a crash carries out this step, not a new answer of the model."""
+        async with self._store.write() as conn:
+            await self._fence(conn, run)
+            await mcp_store.open_step(
+                conn,
+                task_id=run.task_id,
+                step=step,
+                run_id=run.id,
+                messages=messages,
+                calls=[{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls],
+                cost_usd=cost_usd,
+                now=self._clock(),
+            )
+
+    async def mark_call(
+        self, run: ClaimedRun, step: int, index: int, state: dict[str, Any]
+    ) -> None:
+        """Record an outside call's state in its open step (fenced)."""
+        async with self._store.write() as conn:
+            await self._fence(conn, run)
+            await mcp_store.set_call(conn, run.task_id, step, index, state)
+
+    async def open_step_of(self, task_id: UUID, step: int) -> OpenStep | None:
+        """Step `step` of the task if it was opened and never committed (a crash)."""
+        async with self._store.read() as conn:
+            return await mcp_store.get_open_step(conn, task_id, step)
+
+    async def _fence(self, conn: Connection, run: ClaimedRun) -> None:
+        held = await run_store.holders(conn, [run.id], lock=True)
+        if held.get(run.id) != run.attempt:
+            raise Conflict("the run's lease moved on; this delivery stops")
 
     async def hold_step(
         self,

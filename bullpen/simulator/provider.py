@@ -271,6 +271,7 @@ class _Simulator:
         self.requests: Counter[str] = Counter()
         self.streaming = 0  # streamed answers being sent now
         self.abandoned = 0  # streamed answers whose client hung up before the end
+        self.tokens_sent = 0  # content tokens of streamed answers written to their clients
         self.fault = None if config.fault is None else parse_fault(config.fault)
         self._models = frozenset(config.models)
         self._ttft_s = config.ttft_ms / 1000
@@ -465,6 +466,7 @@ class _Simulator:
         try:
             await _sleep_until(first_due)
             pending = [] if fault.silent else [frames.role()]
+            queued = 0  # tokens in `pending`
             for i, token in enumerate(tokens):
                 # Each token has a fixed slot on the schedule, so lateness never accumulates;
                 # tokens already overdue (a loaded loop) go out together in one write.
@@ -472,12 +474,16 @@ class _Simulator:
                 if delay > 0:
                     await response.write(b"".join(pending))
                     pending.clear()
+                    self.tokens_sent += queued
+                    queued = 0
                     await asyncio.sleep(delay)
                 if fault.stamp:
                     token = f"@{time.time():.6f};"
                 pending += (frames.content_head, orjson.dumps(token), frames.content_tail)
+                queued += 1
             pending.append(ending)
             await response.write(b"".join(pending))
+            self.tokens_sent += queued
             if fault.end is End.CUT:
                 cut(request)
             elif fault.end is End.HANG:
@@ -548,6 +554,12 @@ class SimulatedProvider:
     def abandoned(self) -> int:
         """Streamed answers whose client hung up before the end."""
         return self._simulator.abandoned
+
+    @property
+    def tokens_sent(self) -> int:
+        """Content tokens of streamed answers written to their clients (what a provider would
+        bill as output for them)."""
+        return self._simulator.tokens_sent
 
     @property
     def base_url(self) -> str:

@@ -29,7 +29,7 @@ from bullpen.domain.budgets import (
 )
 from bullpen.store import audit, notices
 from bullpen.store import gateway as gateway_store
-from bullpen.store.base import Connection
+from bullpen.store.base import UNWATCHED, Connection
 from bullpen.store.ids import time_ordered_id
 from bullpen.store.tables import budget_reservations, budgets, cost_events, runs, tasks
 
@@ -161,6 +161,7 @@ async def reserve(
     run_id: UUID | None = None,
     api_key_id: UUID | None = None,
     need_usd: float | None = None,
+    override_task_id: UUID | None = None,
 ) -> tuple[UUID | None, Grant]:
     """Reserve up to `want_usd` against every budget in `budget_ids`: at most what the
     tightest hard-stop budget has left. Returns the reservation (created, or extended when
@@ -168,7 +169,10 @@ async def reserve(
 
     With `need_usd` (a pool stocking up ahead of its calls), anything beyond `need_usd` is
     granted only up to a quarter of what is left, so one process never takes the last of a
-    budget that the others' calls need."""
+    budget that the others' calls need.
+
+    With `override_task_id`, what the hard-stop budgets cannot grant is taken from the one-off
+    override an approver gave that task (`tasks.budget_override_usd`), while it lasts."""
     rows = await _locked(conn, budget_ids)
     grant = Grant(want_usd)
     figures = {row.id: _current(row, now) for row in rows}
@@ -178,6 +182,9 @@ async def reserve(
             room = max(0.0, row.amount_usd - f["spent_usd"] - f["reserved_usd"])
             allowed = room if need_usd is None else min(room, max(need_usd, room * _POOL_SHARE))
             grant.granted_usd = min(grant.granted_usd, allowed)
+    short = want_usd - grant.granted_usd
+    if override_task_id is not None and short > EPSILON_USD:
+        grant.granted_usd += await _take_override(conn, override_task_id, short)
     if grant.granted_usd <= EPSILON_USD:
         grant.granted_usd = 0.0
     for row in rows:
@@ -216,6 +223,34 @@ async def reserve(
             .values(amount_usd=_R.amount_usd + grant.granted_usd, expires_at=expires_at)
         )
     return reservation_id, grant
+
+
+async def _take_override(conn: Connection, task_id: UUID, want_usd: float) -> float:
+    """Up to `want_usd` of the task's budget override, taken from it (0 without one)."""
+    query = sa.select(tasks.c.budget_override_usd).where(tasks.c.id == task_id)
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update()
+    left = (await conn.execute(query)).scalar_one_or_none()
+    if not left or left <= EPSILON_USD:
+        return 0.0
+    taken = min(float(left), want_usd)
+    await conn.execute(
+        tasks.update()
+        .where(tasks.c.id == task_id)
+        .values(budget_override_usd=float(left) - taken)
+        .execution_options(**{UNWATCHED: True})
+    )
+    return taken
+
+
+async def add_override(conn: Connection, task_id: UUID, amount_usd: float) -> None:
+    """Give a task a one-off budget override of `amount_usd` more (an approver's decision)."""
+    await conn.execute(
+        tasks.update()
+        .where(tasks.c.id == task_id)
+        .values(budget_override_usd=sa.func.coalesce(tasks.c.budget_override_usd, 0.0) + amount_usd)
+        .execution_options(**{UNWATCHED: True})
+    )
 
 
 def _crossing(budget_id: UUID, kind: str, amount: float, f: dict[str, Any]) -> Crossing:

@@ -13,6 +13,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
+from bullpen.domain.approvals import ApprovalKind
 from bullpen.domain.records import RunRecord
 from bullpen.domain.runs import Held, Redelivery, RetryPolicy, RunOutcome
 from bullpen.domain.status import RunStatus, TaskStatus
@@ -396,6 +397,20 @@ async def finish(
         dependencies = (
             await conn.execute(sa.select(tasks.c.dependencies).where(tasks.c.id == task_id))
         ).scalar_one()
+    if status is TaskStatus.FAILED and outcome.budget_stop:
+        # A budget stopped it: an approver may let the task go on with a one-off override.
+        if not await approval_store.pending_for(conn, task_id):
+            await approval_store.insert(
+                conn,
+                workspace_id=row.workspace_id,
+                kind=ApprovalKind.BUDGET_OVERRIDE,
+                task_id=task_id,
+                agent_id=row.agent_id,
+                subject={"run_id": str(run_id), "error": outcome.error},
+                default_outcome="deny",
+                now=now,
+                run_id=run_id,
+            )
     if status is TaskStatus.AWAITING_APPROVAL:  # not ended: nobody is told
         # Decided already (between the hold and this end): the decision found the task still
         # running and left it; it goes on now.

@@ -193,6 +193,9 @@ tasks = sa.Table(
     sa.Column("dependencies", sa.Integer, nullable=False, server_default="0"),
     sa.Column("dependents", sa.Integer, nullable=False, server_default="0"),
     sa.Column("steps", sa.Integer, nullable=False, server_default="0"),
+    # What an approver's one-off budget override still lets the task's runs spend past their
+    # budgets (migration 0017; NULL: none).
+    sa.Column("budget_override_usd", sa.Float),
     sa.UniqueConstraint("workspace_id", "number", name="uq_tasks_workspace_number"),
     sa.UniqueConstraint("parent_id", "origin_key", name="uq_tasks_parent_origin"),
     sa.Index("ix_tasks_parent", "parent_id"),
@@ -245,6 +248,24 @@ task_steps = sa.Table(
     sa.PrimaryKeyConstraint("task_id", "step"),
 )
 
+# A tool step whose calls reach outside Bullpen (MCP tools; migration 0018), from the moment
+# the model made it until it commits: its messages and calls, and each outside call's state
+# (`started`, then `done` with its result), so a delivery after a crash carries the same step
+# out and never makes a started call again. The step's commit deletes the row.
+task_open_steps = sa.Table(
+    "task_open_steps",
+    metadata,
+    sa.Column("task_id", sa.Uuid, sa.ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("step", sa.Integer, nullable=False),
+    sa.Column("run_id", sa.Uuid),
+    sa.Column("messages", JSONType, nullable=False),
+    sa.Column("calls", JSONType, nullable=False),
+    sa.Column("results", JSONType, nullable=False),
+    sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
+    _created(),
+    sa.PrimaryKeyConstraint("task_id", "step"),
+)
+
 runs = sa.Table(
     "runs",
     metadata,
@@ -276,7 +297,7 @@ runs = sa.Table(
     sa.Column("error_code", sa.String(64)),
     sa.Column("cost_usd", sa.Float),
     sa.Column("llm_calls", JSONType),
-    # The W3C traceparent of what enqueued the run (migration 0017; only with tracing on):
+    # The W3C traceparent of what enqueued the run (migration 0019; only with tracing on):
     # its worker's spans continue that trace.
     sa.Column("trace_parent", sa.String(55)),
     sa.Index("ix_runs_task_id", "task_id"),
@@ -606,4 +627,26 @@ invitations = sa.Table(
     sa.UniqueConstraint("workspace_id", "email", name="uq_invitations_workspace_email"),
     sa.CheckConstraint("role IN ('owner', 'admin', 'member', 'viewer')", name="role"),
     sa.Index("ix_invitations_email", "email"),
+)
+
+# MCP servers a workspace registered (migration 0018): their tools are offered to `llm`
+# agents that list them. `http`: a URL and headers, each header value sealed (AES-GCM, bound
+# to the server and the header name) with its hint; `stdio`: a command on the operator's
+# allow-list and its environment, started like a `process` agent's.
+mcp_servers = sa.Table(
+    "mcp_servers",
+    metadata,
+    _id(),
+    _workspace_fk(),
+    sa.Column("name", sa.String(32), nullable=False),
+    sa.Column("transport", sa.String(8), nullable=False),
+    sa.Column("url", sa.String(2000)),
+    sa.Column("headers", JSONType, nullable=False, server_default="{}"),
+    sa.Column("command", JSONType),
+    sa.Column("env", JSONType, nullable=False, server_default="{}"),
+    sa.Column("timeout_s", sa.Float, nullable=False),
+    _created(),
+    sa.Column("updated_at", UTCDateTime, nullable=False),
+    sa.UniqueConstraint("workspace_id", "name", name="uq_mcp_servers_workspace_name"),
+    sa.CheckConstraint("transport IN ('http', 'stdio')", name="transport"),
 )

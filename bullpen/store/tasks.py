@@ -164,6 +164,7 @@ def _new_task(
         "dependencies": 0,
         "dependents": 0,
         "steps": 0,
+        "budget_override_usd": None,
     }
 
 
@@ -536,3 +537,21 @@ def _has_label(label: str, dialect: str) -> sa.ColumnElement[bool]:
         return tasks.c.labels.op("@>")(array)
     each = sa.func.json_each(tasks.c.labels).table_valued("value")
     return sa.exists(sa.select(1).select_from(each).where(each.c.value == label))
+
+
+async def requeue_failed(conn: Connection, task_id: UUID, now: datetime) -> bool:
+    """Queue a failed task again with a new run; False if it is no longer failed (someone
+    retried it meanwhile)."""
+    task = (
+        await conn.execute(
+            sa.select(tasks.c.workspace_id, tasks.c.agent_id, tasks.c.priority).where(
+                tasks.c.id == task_id, tasks.c.status == TaskStatus.FAILED.value
+            )
+        )
+    ).first()
+    if task is None:
+        return False
+    if not await set_task_status(conn, task_id, TaskStatus.QUEUED, now, result=None, error=None):
+        return False
+    await insert_run(conn, task_id, task.workspace_id, task.agent_id, now, priority=task.priority)
+    return True

@@ -272,8 +272,9 @@ class Tracing:
 
     # Tools -----------------------------------------------------------------------------------
 
-    def start_tools(self, step: int, calls: Iterable[tuple[str, str]]) -> list[Span]:
-        """One span per tool call (id, name) of a step, started together."""
+    def start_tools(self, step: int, calls: Iterable[tuple[str, str, bool]]) -> list[Span]:
+        """One span per tool call (id, name, whether an MCP server's) of a step, started
+        together."""
         return [
             self.tracer.start_span(
                 f"execute_tool {name}",
@@ -282,11 +283,13 @@ class Tracing:
                     OPERATION: "execute_tool",
                     TOOL_NAME: name,
                     TOOL_CALL_ID: call_id,
-                    TOOL_TYPE: "function",
+                    # Built-in tools are functions Bullpen runs; MCP tools reach other systems.
+                    TOOL_TYPE: "extension" if mcp else "function",
+                    "bullpen.tool.source": "mcp" if mcp else "builtin",
                     "bullpen.tool.step": step,
                 },
             )
-            for call_id, name in calls
+            for call_id, name, mcp in calls
         ]
 
     @staticmethod

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bullpen.settings import Settings
+from tests.support.mcp_tools import calls_in, stdio_command
 from tests.support.processes import (
     BullpenCli,
     bootstrap_key,
@@ -25,6 +28,7 @@ from tests.support.processes import (
 )
 
 PROVIDER_KEY = f"sk-clitest-{uuid.uuid4().hex}"
+MCP_HEADER = f"Bearer mcp-clitest-{uuid.uuid4().hex}"
 
 
 @dataclass
@@ -41,7 +45,8 @@ class Cli(BullpenCli):
 def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
     """One `bullpen up` for the module, and its bootstrap API key in BULLPEN_API_KEY."""
     settings = Settings(data_dir=tmp_path_factory.mktemp("data"), secret_key="t" * 40)
-    env = process_env(settings)
+    # The MCP test's stdio server runs this interpreter.
+    env = process_env(settings, process_allow=sys.executable)
     api_key = asyncio.run(bootstrap_key(settings))
     port = free_port()
     with bullpen_up(env, port):
@@ -51,6 +56,7 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
                 "BULLPEN_URL": f"http://127.0.0.1:{port}",
                 "BULLPEN_API_KEY": api_key,
                 "OPENAI_TEST_KEY": PROVIDER_KEY,
+                "MCP_TEST_HEADER": MCP_HEADER,
             },
             api_key,
         )
@@ -158,3 +164,38 @@ def test_an_unreachable_server_is_a_clear_error(cli: Cli) -> None:
     assert done.stderr.startswith("error: cannot reach the Bullpen server at http://127.0.0.1:")
     assert len(done.stderr.strip().splitlines()) == 1
     assert cli.api_key not in done.stderr
+
+
+def test_mcp_servers_round_trip_and_test_lists_tools(cli: Cli, tmp_path: Path) -> None:
+    cli.ok(
+        "mcp",
+        "add",
+        "remote",
+        "--endpoint",
+        "https://mcp.example.test/mcp",
+        "--header-env",
+        "Authorization=MCP_TEST_HEADER",
+        "--timeout",
+        "5",
+    )
+    remote = cli.listed("mcp")["remote"]
+    assert remote["header_hints"] == {"Authorization": f"Bea…{MCP_HEADER[-4:]}"}
+    assert remote["timeout_s"] == 5
+    # Another origin needs the headers again; a loopback address is refused.
+    moved = cli("mcp", "update", "remote", "--endpoint", "https://elsewhere.example.test/mcp")
+    assert moved.returncode == 1 and "headers" in moved.stderr
+    cli.ok("mcp", "update", "remote", "--endpoint", "https://b.example.test/", "--remove-headers")
+    assert cli.listed("mcp")["remote"]["header_hints"] == {}
+    refused = cli("mcp", "add", "near", "--endpoint", "http://127.0.0.1:9/mcp")
+    assert refused.returncode == 1 and "not a public address" in refused.stderr
+    # A stdio server: `test` starts it and lists its tools.
+    log = tmp_path / "calls.log"
+    cli.ok("mcp", "add", "local", "--timeout", "20", "--", *stdio_command(log))
+    listed = cli.ok("mcp", "test", "local", "--json")
+    tools = {t["wire_name"] for t in json.loads(listed)["items"]}
+    assert {"local__add", "local__note", "local__hang"} <= tools
+    assert calls_in(log) == []
+    cli.ok("mcp", "remove", "remote")
+    cli.ok("mcp", "remove", "local")
+    assert cli.listed("mcp") == {}
+    assert all(MCP_HEADER not in out for out in cli.outputs)

@@ -21,10 +21,14 @@ import aiohttp
 import pytest
 import sqlalchemy as sa
 
+from bullpen.app import utcnow
 from bullpen.settings import Settings
+from bullpen.simulator.provider import SimConfig, SimulatedProvider
+from bullpen.store import budgets as budget_store
+from bullpen.store import gateway as gateway_store
 from bullpen.store.base import Store
 from bullpen.store.engine import create_store
-from bullpen.store.tables import runs, tasks
+from bullpen.store.tables import agents, budget_reservations, cost_events, runs, tasks
 from tests.support.cluster import (
     bootstrap,
     enqueue,
@@ -365,3 +369,94 @@ async def test_postgres_restarts_under_load_lose_nothing(settings: Settings, db:
     assert left == 0 and result.clean, f"{result.summary()}\n{worker_logs}"
     assert "Traceback" not in api_log, api_log[-3000:]
     assert "Traceback" not in worker_logs, worker_logs
+
+
+@POSTGRES
+async def test_a_worker_killed_mid_stream_leaves_no_reservation_and_counts_no_call_twice(
+    settings: Settings, db: Store
+) -> None:
+    """Issue 22: two workers stream priced calls under a budget; one is SIGKILLed mid-stream.
+    The reaper charges what its calls held; every call the provider served is in the ledger
+    exactly once (a real row, or an estimated one for a killed delivery); the budget agrees
+    with the ledger and holds nothing afterwards."""
+    boot = await bootstrap(db, settings)
+    usd_per_token = 0.001
+    answer = 120  # tokens: 3 s at 40 a second, so a kill finds the calls mid-stream
+    config = SimConfig(ttft_ms=50, tokens_per_second=40, response_tokens=answer, models=("sim-1",))
+    async with SimulatedProvider(config) as sim:
+        now = utcnow()
+        per_mtok = usd_per_token * 1_000_000
+        async with db.write() as conn:
+            await gateway_store.create_provider(
+                conn,
+                provider_id=uuid.uuid4(),
+                workspace_id=boot.workspace_id,
+                values={
+                    "name": "priced",
+                    "base_url": sim.base_url,
+                    "models": [
+                        {"name": "sim-1", "input_per_mtok": per_mtok, "output_per_mtok": per_mtok}
+                    ],
+                    "connect_timeout_s": 5.0,
+                    "ttft_timeout_s": 30.0,
+                    "idle_timeout_s": 30.0,
+                    "deadline_s": 120.0,
+                },
+                now=now,
+            )
+            await conn.execute(
+                agents.update()
+                .where(agents.c.id == boot.agent_id)
+                .values(config={"provider": "priced", "model": "sim-1"})
+            )
+            budget = await budget_store.insert(
+                conn,
+                {
+                    "workspace_id": boot.workspace_id,
+                    "scope": "workspace",
+                    "amount_usd": 1000.0,
+                    "period": "lifetime",
+                    "timezone": "UTC",
+                    "warn_percent": None,
+                    "hard_stop": True,
+                    "period_start": now,
+                    "created_at": now,
+                    "updated_at": now,
+                },
+            )
+        env = worker_env(settings, outbound_allow="127.0.0.1/32", budget_slice_tokens=16)
+        with workers(env) as pool:
+            (victim,) = pool.start(1)
+            task_ids = await enqueue(db, boot.workspace_id, boot.agent_id, 12)
+            deadline = time.monotonic() + 30
+            while not await _held_by(db, victim.pid) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            pool.start(1)  # the survivor, which takes the killed deliveries over
+            while sim.tokens_sent < 40 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            held = len(await _held_by(db, victim.pid))
+            victim.kill()
+            pool.collect(victim)
+            left = await wait_terminal(db, task_ids, LEASE_S + 60)
+            result = await ledger(db, task_ids)
+        served = sim.total_requests
+        streamed = sim.tokens_sent
+    assert held >= 1 and left == 0, result.summary()
+    assert result.clean, result.summary()
+    async with db.read() as conn:
+        rows = list(await conn.execute(sa.select(cost_events)))
+        reservations = list(await conn.execute(sa.select(budget_reservations)))
+        after = await budget_store.get(conn, boot.workspace_id, budget.id)
+    assert reservations == []
+    assert after is not None and after.reserved_usd == pytest.approx(0.0, abs=1e-9)
+    total = sum(r.cost_usd for r in rows)
+    assert after.spent_usd == pytest.approx(total)
+    real = [r for r in rows if not r.estimated]
+    charged = [r for r in rows if r.estimated]
+    # One row per call the provider served: each whole answer once, each killed call once.
+    assert len(real) == len(task_ids) and {r.output_tokens for r in real} == {answer}
+    assert len(charged) == held and {r.provider for r in charged} == {budget_store.UNKNOWN}
+    assert len(rows) == served
+    # A killed call is charged what it held: all the output it had been sent, within one slice.
+    partial = streamed - answer * len(real)
+    assert sum(r.cost_usd for r in charged) >= (partial - 16 * held) * usd_per_token

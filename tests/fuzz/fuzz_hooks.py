@@ -21,7 +21,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import schemathesis
+from pydantic import TypeAdapter, ValidationError
 
+from bullpen.api.schemas.gateway import BaseUrl
+from bullpen.api.schemas.mcp_servers import RESERVED_HEADERS
 from bullpen.errors import InvalidInput
 from bullpen.security.outbound import OutboundAllow, check_url
 from bullpen.services.routines import first_slot
@@ -185,6 +188,8 @@ def _excused(error: Any, case: Any) -> bool:
         return _refused_url(body.get("base_url"))
     if where == ("body", "api_key") and error.get("code") == "required_for_new_origin":
         return "base_url" in body and "api_key" not in body
+    if case.path.startswith("/api/v1/mcp-servers"):
+        return _excused_mcp(where, error, case, body)
     if where == ("body", "config") and error.get("code") == "adapter_mismatch":
         # PATCH /agents/{id}: a config is valid only for the adapter the stored agent has.
         return case.method.upper() == "PATCH"
@@ -193,6 +198,8 @@ def _excused(error: Any, case: Any) -> bool:
         return isinstance(model, str) and not model.isprintable()
     if error.get("code") == "scope_target" and case.path == "/api/v1/budgets":
         return True  # which target field a budget needs depends on its `scope`
+    if error.get("code") == "amount_kind" and case.path.startswith("/api/v1/approvals/"):
+        return True  # whether an approval takes `amount_usd` depends on its kind
     if where in (("body", "cron"), ("body", "timezone")):
         return _refused_schedule(where[1], case.body)
     return False
@@ -250,6 +257,8 @@ def _outside_key_lifetime(body: Any) -> bool:
 @schemathesis.hook
 def before_call(context: Any, case: Any, kwargs: Any) -> None:
     """Runs before every request of every phase; edits the case in place (checks see the edit)."""
+    _loopback_mcp_url(case)
+    _fresh_mcp_server(case)
     _spare_seeded_tenant(case)
     _doomed_workspace_key(case)
     _unique_idempotency_key(case)
@@ -470,3 +479,88 @@ def _call(method: str, url: str, key: str, body: Any = None) -> Any:
     except urllib.error.HTTPError as err:
         raw = err.read()
     return json.loads(raw) if raw else None
+
+
+# ---- MCP servers ------------------------------------------------------------------------------
+
+# Where the fuzzer's MCP servers point: a real MCP server the test runs on loopback (the
+# test server allows 127.0.0.1/32), so `POST …/test` lists its tools and connects nowhere else.
+MCP_URL_ENV = "BULLPEN_FUZZ_MCP_URL"
+_BASE_URL = TypeAdapter(BaseUrl)
+
+
+def _loopback_mcp_url(case: Any) -> None:
+    """Point a valid `url` of an MCP server's create or change at the test's MCP server.
+
+    A test of a server connects to it: a generated host name would be looked up in DNS and an
+    address called, and tests reach loopback only. An invalid `url` is left as generated, so
+    negative cases stay negative.
+    """
+    if not case.path.startswith("/api/v1/mcp-servers") or case.method.upper() not in (
+        "POST",
+        "PATCH",
+    ):
+        return
+    body = case.body
+    if not isinstance(body, dict):
+        return
+    timeout = body.get("timeout_s")
+    if isinstance(timeout, float | int) and not isinstance(timeout, bool) and 1 <= timeout < 10:
+        # A test connects within its server's timeout: give a loaded machine room (the
+        # minimum of 1 s is still sent as an invalid value's neighbour, below it).
+        body["timeout_s"] = 10.0
+    if not isinstance(body.get("url"), str):
+        return
+    try:
+        _BASE_URL.validate_python(body["url"])
+    except ValidationError:
+        return
+    body["url"] = os.environ[MCP_URL_ENV]
+
+
+def _fresh_mcp_server(case: Any) -> None:
+    """Half of the DELETEs of an MCP server get one made for them (as routines do)."""
+    params = case.path_parameters or {}
+    value = params.get("mcp_server_id")
+    if case.method.upper() != "DELETE" or not isinstance(value, str):
+        return
+    if not UUID_TEXT.fullmatch(value) or hashlib.sha256(value.encode()).digest()[0] % 2:
+        return
+    made = _call(
+        "POST",
+        f"{os.environ[BASE_URL_ENV]}/api/v1/mcp-servers",
+        os.environ[FUZZ_KEY_ENV],
+        {
+            "name": f"doomed-{os.urandom(6).hex()}",
+            "transport": "http",
+            "url": os.environ[MCP_URL_ENV],
+        },
+    )
+    if isinstance(made, dict) and "id" in made:
+        params["mcp_server_id"] = made["id"]
+
+
+def _excused_mcp(where: tuple[Any, Any], error: dict[str, Any], case: Any, body: Any) -> bool:
+    """An MCP server's 422s that depend on server settings or on the stored server:
+
+    - `command` off `BULLPEN_PROCESS_ALLOW` (empty on the fuzz server);
+    - on a change, a field of the other transport than the stored server's (`url` or
+      `headers` of a stdio server, `command` or `env` of an http one), and a `url` moved to
+      another origin without `headers` (headers go only where they were given for);
+    - `headers` naming one header twice in another case, or one the client sets itself
+      (`Host`, `Content-Type`, …): case-insensitive names, which JSON Schema cannot compare.
+    """
+    code = error.get("code")
+    if where[1] in ("command", "stdio.command") and code == "not_allowed":
+        return True
+    if code in ("not_for_http", "not_for_stdio"):
+        return case.method.upper() == "PATCH"
+    if where == ("body", "headers") and code == "required_for_new_origin":
+        return "url" in body and "headers" not in body
+    if where in (("body", "url"), ("body", "http.url")):  # `http.`: the create's transport
+        return _refused_url(body.get("url"))
+    headers = body.get("headers")
+    if where[1] in ("headers", "http.headers") and isinstance(headers, dict):
+        lowered = [str(name).lower() for name in headers]
+        return len(set(lowered)) != len(lowered) or bool(set(lowered) & RESERVED_HEADERS)
+    return False

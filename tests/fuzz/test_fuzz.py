@@ -16,7 +16,9 @@ demo agent and a routine of it, an agent that requires approval and a pending ap
 its tasks, which `fuzz_hooks.py` keeps it from deleting or changing; a
 cancelled task and its run, offered as path ids half of the time (cancel, retry and run reads
 need one that exists), as is the routine (so firing one is reached);
-and a second workspace with its own owner key, whose only use is to be deleted.
+and a second workspace with its own owner key, whose only use is to be deleted. MCP servers
+point at a real MCP server (the SDK's, tests/support/mcp_tools.py) the test runs on loopback:
+the hooks point every valid `url` the fuzzer sends there, so a server's test lists its tools.
 
 It runs on both backends (TEST-PLAN BI-1: PostgreSQL in CI as well as SQLite); the PostgreSQL
 run makes fewer examples by default (the coverage phase, which does not depend on them, is the
@@ -52,6 +54,7 @@ import sqlalchemy as sa
 from bullpen.domain.principal import Role
 from bullpen.store import identity
 from bullpen.store.tables import agents, api_keys, routines, users, workspaces
+from tests.support.mcp_tools import serve_http
 from tests.support.seed import _member, member_with_key
 from tests.support.servers import RunningServer
 
@@ -123,6 +126,7 @@ class Tenant:
     route_id: str
     routine_ids: list[str]  # several: each DELETE consumes one, the others keep answering
     budget_ids: list[str]
+    mcp_server_ids: list[str]
     workspace_id: str
     member_id: str
     user_id: str
@@ -131,7 +135,7 @@ class Tenant:
     approval_id: str  # a pending approval (of a task of the gated agent)
 
 
-async def _seed(server: RunningServer) -> Tenant:
+async def _seed(server: RunningServer, mcp_url: str) -> Tenant:
     assert server.boot.api_key is not None
     base = f"{server.base_url}/api/v1/tasks"
     async with aiohttp.ClientSession(headers=server.auth) as http:
@@ -168,8 +172,17 @@ async def _seed(server: RunningServer) -> Tenant:
         # Routines of the seeded agent (one slot a year: they never fire during the run), and
         # budgets too large to stop anything. Several of each, so that a DELETE early in the run
         # leaves the later cases of the other operations something to find.
-        routine_ids, budget_ids = [], []
+        routine_ids, budget_ids, mcp_server_ids = [], [], []
         for n in range(SEEDED_PER_KIND):
+            mcp_body = {
+                "name": f"fuzz-mcp-{n}",
+                "transport": "http",
+                "url": mcp_url,
+                "headers": {"Authorization": "Bearer fuzz-header"},
+            }
+            async with http.post(f"{server.base_url}/api/v1/mcp-servers", json=mcp_body) as resp:
+                assert resp.status == 201, await resp.text()
+                mcp_server_ids.append((await resp.json())["id"])
             routine = {
                 "name": f"fuzz-routine-{n}",
                 "agent_id": str(server.boot.agent_id),
@@ -258,6 +271,7 @@ async def _seed(server: RunningServer) -> Tenant:
         route_id=route_id,
         routine_ids=routine_ids,
         budget_ids=budget_ids,
+        mcp_server_ids=mcp_server_ids,
         workspace_id=str(server.boot.workspace_id),
         member_id=str(member_id),
         user_id=str(boot_user),
@@ -334,6 +348,9 @@ values = [{_quoted(tenant.routine_ids)}]
 [dictionaries.seeded_budget]
 values = [{_quoted(tenant.budget_ids)}]
 
+[dictionaries.seeded_mcp_server]
+values = [{_quoted(tenant.mcp_server_ids)}]
+
 [dictionaries.own_workspace]
 values = ["{tenant.workspace_id}"]
 
@@ -358,6 +375,7 @@ values = ["fuzz-route"]
 "path.routine_id" = {{ dictionary = "seeded_routine", probability = 0.5 }}
 "path.budget_id" = {{ dictionary = "seeded_budget", probability = 0.5 }}
 "path.approval_id" = {{ dictionary = "seeded_approval", probability = 0.5 }}
+"path.mcp_server_id" = {{ dictionary = "seeded_mcp_server", probability = 0.5 }}
 # The fuzzer's own workspace (renaming it harms nothing; DELETE gets the doomed one, below).
 "path.workspace_id" = {{ dictionary = "own_workspace", probability = 0.5 }}
 # A member of the fuzzer's workspace (not protected); the workspace to switch to or make a key in.
@@ -391,7 +409,14 @@ enabled = false
 
 async def _schemathesis(server: RunningServer, workdir: Path) -> tuple[int, str, dict[str, Any]]:
     """Run the CLI against the server; returns (exit code, console output, JSON report)."""
-    tenant = await _seed(server)
+    async with serve_http(workdir / "mcp-calls.log") as mcp:
+        return await _run(server, workdir, mcp.url)
+
+
+async def _run(
+    server: RunningServer, workdir: Path, mcp_url: str
+) -> tuple[int, str, dict[str, Any]]:
+    tenant = await _seed(server, mcp_url)
     config = workdir / "schemathesis.toml"
     backend = "sqlite" if server.settings.is_sqlite else "postgres"
     config.write_text(_config(tenant, workdir / "reports", backend))
@@ -409,6 +434,7 @@ async def _schemathesis(server: RunningServer, workdir: Path) -> tuple[int, str,
         "BULLPEN_FUZZ_USER": tenant.user_id,
         "BULLPEN_FUZZ_BASE_URL": server.base_url,
         "BULLPEN_FUZZ_GATED_AGENT": tenant.gated_agent_id,
+        "BULLPEN_FUZZ_MCP_URL": mcp_url,  # a real MCP server (tests/support/mcp_tools.py)
         **{f"BULLPEN_FUZZ_{verb}_INVITER": key for verb, key in tenant.inviters.items()},
         "HYPOTHESIS_STORAGE_DIRECTORY": str(workdir / ".hypothesis"),
         "NO_COLOR": "1",

@@ -83,6 +83,10 @@ SERIAL = (
     "bench/test_loadgen.py",  # wall time and completion time windows
     "bench/test_streamsbench.py",  # tokens per second within a window
     "bench/test_relaybench.py",  # first content within 15 ms; the scenario's timings
+    # Budgets hold to a slice per call only while a read carries a few tokens: on a starved
+    # loop one read carried 70-100 (measured), whatever the reservation's speed.
+    "integration/gateway/test_relay_budgets.py::test_concurrent_relay_streams_never_pass_a_budget_by_more_than_a_slice_each",
+    "faults/test_worker_faults.py::test_a_worker_killed_mid_stream_leaves_no_reservation_and_counts_no_call_twice",
 )
 
 # Tests that need the PostgreSQL server without a `postgres` parameter saying so.

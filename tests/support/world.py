@@ -6,6 +6,7 @@ one argon2id hash computed once), so the matrix can afford a fresh world after e
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import uuid
@@ -20,11 +21,13 @@ from bullpen.domain.principal import Role
 from bullpen.security.secrets import SecretBox
 from bullpen.services.auth import hash_password
 from bullpen.services.gateway import key_context
+from bullpen.services.mcp_servers import header_context
 from bullpen.store import agents as agent_store
 from bullpen.store import budgets as budget_store
 from bullpen.store import gateway as gateway_store
 from bullpen.store import identity
 from bullpen.store import invitations as invitation_store
+from bullpen.store import mcp as mcp_store
 from bullpen.store import routines as routine_store
 from bullpen.store import tasks as task_store
 from bullpen.store import workspaces as workspace_store
@@ -200,6 +203,7 @@ async def seed_tenant(store: Store, secret: bytes, csrf: Any, now: datetime, lab
         )
         tenant.objects["budget"] = str(budget.id)
         await _gateway(conn, tenant, secret, ws, tag, now)
+        await _mcp_servers(conn, tenant, secret, ws, tag, now)
     return tenant
 
 
@@ -250,6 +254,37 @@ async def _gateway(
         now=now,
     )
     tenant.objects["route"] = str(route_id)
+
+
+async def _mcp_servers(
+    conn: Connection, tenant: Tenant, secret: bytes, ws: uuid.UUID, tag: str, now: datetime
+) -> None:
+    """Two MCP servers with a sealed header on a closed loopback port (a test is a 502)."""
+    box = SecretBox(secret)
+    for placeholder in ("mcp_server", "idle_mcp_server"):
+        server_id = uuid.uuid4()
+        sealed = box.seal("Bearer matrix-header", header_context(server_id, "Authorization"))
+        await mcp_store.create_server(
+            conn,
+            server_id=server_id,
+            workspace_id=ws,
+            values={
+                "name": f"{placeholder.replace('_', '-')}-{tag}".lower()[:32],
+                "transport": "http",
+                "url": "http://127.0.0.1:9/mcp",
+                "headers": {
+                    "Authorization": {
+                        "sealed": base64.b64encode(sealed).decode(),
+                        "hint": "Bea…ader",
+                    }
+                },
+                "command": None,
+                "env": {},
+                "timeout_s": 2.0,
+            },
+            now=now,
+        )
+        tenant.objects[placeholder] = str(server_id)
 
 
 async def _user(conn: Connection, email: str, now: datetime, instance_admin: bool) -> uuid.UUID:

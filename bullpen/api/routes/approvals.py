@@ -9,7 +9,12 @@ from fastapi import APIRouter, Depends, Query
 
 from bullpen.api import cursor, docs
 from bullpen.api.deps import ServicesDep, require, require_json
-from bullpen.api.schemas.approvals import ApprovalDecision, ApprovalPage, ApprovalPublic
+from bullpen.api.schemas.approvals import (
+    ApprovalApproval,
+    ApprovalDecision,
+    ApprovalPage,
+    ApprovalPublic,
+)
 from bullpen.domain.access import Permission
 from bullpen.domain.approvals import ApprovalStatus, Outcome
 from bullpen.domain.principal import Principal
@@ -81,11 +86,15 @@ async def get_approval(
     summary="Approve an approval",
 )
 async def approve(
-    approval_id: ApprovalId, body: ApprovalDecision, principal: Decider, svc: ServicesDep
+    approval_id: ApprovalId, body: ApprovalApproval, principal: Decider, svc: ServicesDep
 ) -> ApprovalPublic:
-    """A held task is queued; a held tool step runs in the task's next run. Owners, admins
-    and members marked approver decide (else 403); deciding twice is 409 `approval-decided`."""
-    decided = await svc.approvals.decide(principal, approval_id, Outcome.APPROVE, body.reason)
+    """A held task is queued; a held tool step runs in the task's next run; a budget override
+    (with `amount_usd`) lets the task spend that much past its budgets and queues it again.
+    Owners, admins and members marked approver decide (else 403); deciding twice is 409
+    `approval-decided`."""
+    decided = await svc.approvals.decide(
+        principal, approval_id, Outcome.APPROVE, body.reason, body.amount_usd
+    )
     return ApprovalPublic.from_row(decided, svc.approvals.default_ttl_s)
 
 

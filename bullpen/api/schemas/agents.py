@@ -26,6 +26,7 @@ from pydantic_core import CoreSchema
 from bullpen.agents.configs import public_config
 from bullpen.agents.http import SECRET_CHARS, HttpAgentConfig
 from bullpen.agents.llm import APPROVAL_TOOLS_MAX, LOOP_REPEATS, MAX_STEPS, MAX_WALL_S, TOOL_NAME
+from bullpen.agents.mcp import GRANT_TOOLS_MAX, GRANTS_MAX, SERVER_NAME
 from bullpen.agents.process import ProcessAgentConfig
 from bullpen.api.schemas.common import Strict, integral, optional
 from bullpen.domain.access import Permission
@@ -92,6 +93,57 @@ class SettableStatus(StrEnum):
     PAUSED = AgentStatus.PAUSED.value
 
 
+ArgName = Annotated[str, StringConstraints(min_length=1, max_length=64)]  # any JSON key
+McpToolName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=_WORD)]
+Scalar = Annotated[str, StringConstraints(max_length=1000)] | int | float | bool
+
+
+class ArgLimitIn(Strict):
+    """Limits on one argument of a tool's calls, checked before a call is made (a refused
+    call's result tells the model why)."""
+
+    max_length: Annotated[int, Field(ge=1, le=1_000_000, strict=True)] | None = Field(
+        default=None, description="Characters of a string (or of another value's JSON)."
+    )
+    minimum: Annotated[float, Field(allow_inf_nan=False)] | None = None
+    maximum: Annotated[float, Field(allow_inf_nan=False)] | None = None
+    enum: Annotated[list[Scalar], Field(min_length=1, max_length=64)] | None = Field(
+        default=None, description="The only values allowed."
+    )
+
+
+class McpToolIn(Strict):
+    """A tool the agent may call, with limits on its calls."""
+
+    name: McpToolName
+    max_chars: Annotated[int, Field(ge=2, le=1_000_000, strict=True)] | None = Field(
+        default=None, description="Characters of the call's arguments (JSON)."
+    )
+    arguments: Annotated[dict[ArgName, ArgLimitIn], Field(max_length=32)] | None = None
+
+
+class McpGrantIn(Strict):
+    """An MCP server an `llm` agent may use, and which of its tools."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "server": "files",
+                    "tools": [
+                        "read_file",
+                        {"name": "search", "arguments": {"limit": {"maximum": 20}}},
+                    ],
+                }
+            ]
+        },
+    )
+
+    server: Annotated[str, StringConstraints(pattern=SERVER_NAME)]
+    tools: Annotated[list[McpToolName | McpToolIn], Field(min_length=1, max_length=GRANT_TOOLS_MAX)]
+
+
 class LlmAgentConfig(Strict):
     """An `llm` agent's configuration: which model it calls, and how."""
 
@@ -135,9 +187,16 @@ class LlmAgentConfig(Strict):
         | None
     ) = Field(
         default=None,
-        description="Tools (e.g. `delegate`) whose calls wait for an approval: the run pauses "
-        "at the call (the task `awaiting_approval`) and resumes there after the decision; a "
-        "denied call's result tells the model it was denied, and why.",
+        description="Tools (e.g. `delegate`, or an MCP tool as `<server>__<tool>`) whose "
+        "calls wait for an approval: the run pauses at the call (the task "
+        "`awaiting_approval`) and resumes there after the decision; a denied call's result "
+        "tells the model it was denied, and why.",
+    )
+    mcp: Annotated[list[McpGrantIn], Field(max_length=GRANTS_MAX)] | None = Field(
+        default=None,
+        description="MCP servers of the workspace (by name) and the tools of each this agent "
+        "may call: they are offered to the model as `<server>__<tool>` beside the built-in "
+        "tools; any other tool of the server is refused.",
     )
 
 

@@ -8,6 +8,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bullpen.api.schemas.budgets import Amount
 from bullpen.api.schemas.common import Strict
 from bullpen.domain.approvals import REASON_MAX, ApprovalKind, ApprovalRecord
 
@@ -24,6 +25,21 @@ class ApprovalDecision(Strict):
 
     reason: Annotated[str, Field(max_length=REASON_MAX, pattern=NO_NUL)] | None = Field(
         default=None, description=f"Why (at most {REASON_MAX} characters)."
+    )
+
+
+class ApprovalApproval(ApprovalDecision):
+    """An approval: optionally why; a budget override's amount."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"reason": "Worth it.", "amount_usd": 2.5}]},
+    )
+
+    amount_usd: Amount | None = Field(
+        default=None,
+        description="`budget_override` only, and needed there: how much more (USD) the task's "
+        "runs may spend past their budgets, once. Any other kind refuses it (422).",
     )
 
 

@@ -66,6 +66,7 @@ class TaskRecord:
     dependents: int
     steps: int
     task_key: str
+    budget_override_usd: float | None = None  # what an approved budget override still allows
 
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:

@@ -18,11 +18,13 @@ from bullpen.store.tables import (
     cost_events,
     run_events,
     task_changes,
+    tasks,
 )
-from tests.support.db import rows
+from tests.support.db import audits, rows
+from tests.support.http import call, problem
 from tests.support.servers import RunningServer
 from tests.support.spend import USD_PER_TOKEN, make_budget, priced_provider
-from tests.support.team import create_task, make_agent, runs_of, until_ended
+from tests.support.team import create_task, get_task, make_agent, runs_of, until_ended
 
 SLICE = 16  # output tokens a call reserves at a time in these tests
 ANSWER = 200  # tokens the simulator answers with
@@ -183,3 +185,49 @@ async def test_runs_a_budget_stops_do_not_trip_the_failure_breaker(
     ) as resp:
         after = await resp.json()
     assert after["status"] == "active" and after["paused_reason"] is None
+
+
+async def test_an_approver_lets_a_task_a_budget_stopped_go_on_with_a_one_off_override(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    await priced_provider(http, server)
+    agent = await make_agent(http, server, "thrifty", provider="priced")
+    cap = 0.1  # the prompt and about 80 tokens of a 200-token answer
+    await make_budget(http, server, scope="agent", agent_id=agent["id"], amount_usd=cap)
+    stopped = []
+    for prompt in ("Write at length", "Write at length again"):
+        task = await create_task(http, server, agent, prompt)
+        ended = await until_ended(http, server, task["id"])
+        assert ended["run"]["error_code"] == "budget-exceeded", ended
+        stopped.append(task["id"])
+    pending = await call(http, server, "GET", "/api/v1/approvals?status=pending")
+    overrides = {a["task_id"]: a for a in pending.body["items"]}
+    assert set(overrides) == set(stopped)
+    assert {a["kind"] for a in overrides.values()} == {"budget_override"}
+    first, second = (overrides[t]["id"] for t in stopped)
+
+    url = f"/api/v1/approvals/{first}"
+    problem(await call(http, server, "POST", url + "/approve", body={}), 422)  # how much?
+    problem(await call(http, server, "POST", url + "/deny", body={"amount_usd": 1}), 422)
+    problem(await call(http, server, "POST", url + "/approve", body={"amount_usd": 0}), 422)
+    approved = await call(
+        http, server, "POST", url + "/approve", body={"amount_usd": 0.5, "reason": "worth it"}
+    )
+    assert approved.status == 200 and approved.body["status"] == "approved", approved.text
+    done = await until_ended(http, server, stopped[0])
+    assert done["status"] == "done", done  # the override let the whole answer through
+    spent = sum(r.cost_usd for r in await ledger(server, stopped[0]))
+    assert cap < spent <= cap + 0.5 + SLICE * USD_PER_TOKEN
+    [left] = await rows(
+        server, sa.select(tasks.c.budget_override_usd).where(tasks.c.id == UUID(stopped[0]))
+    )
+    assert 0 <= left.budget_override_usd < 0.5  # what the task used is gone from it
+    (audited,) = await audits(server, "approval.approve")
+    assert audited.data["amount_usd"] == 0.5 and audited.data["queued"] is True
+
+    # Another kind of approval takes no amount; a denied override leaves its task failed.
+    denied = await call(http, server, "POST", f"/api/v1/approvals/{second}/deny", body={})
+    assert denied.status == 200 and denied.body["status"] == "denied"
+    await asyncio.sleep(0.3)
+    assert len(await runs_of(server, stopped[1])) == 1
+    assert (await get_task(http, server, stopped[1]))["status"] == "failed"

@@ -2,12 +2,13 @@
 database, each with its own tracer provider and in-memory exporter, as two processes would be.
 
 One task, created with a client's `traceparent`, runs an `llm` agent on a route whose first
-provider fails (503), so each LLM call falls back; the scripted model calls `comment`, then
-`finish`. Its spans must form one tree in the client's trace: the API's request span, the
-worker's run span under it, and under that each LLM call with its two provider attempts and
-each tool call, with the GenAI attributes; with message capture turned on, each LLM call's
-messages and answer. A relayed call carries the caller's key id. The provider's key and the
-caller's API key (canaries) appear in no span of either service.
+provider fails (503), so each LLM call falls back; the scripted model calls `comment` and an
+MCP server's `add` (a real SDK server over streamable HTTP), then `finish`. Its spans must
+form one tree in the client's trace: the API's request span, the worker's run span under it,
+and under that each LLM call with its two provider attempts and each tool call, with the
+GenAI attributes; with message capture turned on, each LLM call's messages and answer. A
+relayed call carries the caller's key id. The provider's key, the caller's API key and the
+MCP server's header (canaries) appear in no span of either service.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -36,13 +38,20 @@ from bullpen.store.tables import runs
 from tests.support.canary import encodings
 from tests.support.db import rows
 from tests.support.http import call
+from tests.support.mcp_tools import serve_http
 from tests.support.servers import RunningServer, start_server
 
 CANARY = "sk-canary-" + secrets.token_hex(16)
 TRACE_ID = secrets.token_hex(16)
 CLIENT_SPAN = secrets.token_hex(8)
+MCP_CANARY = "Bearer mcp-canary-" + secrets.token_hex(16)
 SCRIPT = [
-    {"tool_calls": [{"name": "comment", "arguments": {"body": "looking into it"}}]},
+    {
+        "tool_calls": [
+            {"name": "comment", "arguments": {"body": "looking into it"}},
+            {"name": "web__add", "arguments": {"a": 2, "b": 3}},  # an MCP server's tool
+        ]
+    },
     {"tool_calls": [{"name": "finish", "arguments": {"result": "three metrics"}}]},
 ]
 SYSTEM = f"You analyse.\n<sim-script>{json.dumps(SCRIPT)}</sim-script>"
@@ -93,9 +102,18 @@ async def sims() -> AsyncIterator[list[SimulatedProvider]]:
 
 
 async def configure(
-    http: aiohttp.ClientSession, api: RunningServer, sims: list[SimulatedProvider]
+    http: aiohttp.ClientSession, api: RunningServer, sims: list[SimulatedProvider], mcp_url: str
 ) -> str:
-    """Providers `primary` and `backup`, route `smart` over both, a scripted agent on it."""
+    """Providers `primary` and `backup`, route `smart` over both, MCP server `web` (its
+    header a canary), a scripted agent on the route allowed `web`'s `add`."""
+    server = {
+        "name": "web",
+        "transport": "http",
+        "url": mcp_url,
+        "headers": {"Authorization": MCP_CANARY},
+        "timeout_s": 5.0,
+    }
+    assert (await call(http, api, "POST", "/api/v1/mcp-servers", body=server)).status == 201
     for name, sim, key in (("primary", sims[0], CANARY), ("backup", sims[1], None)):
         body: dict[str, Any] = {
             "name": name,
@@ -118,7 +136,11 @@ async def configure(
         body={
             "name": "analyst",
             "title": "Analyst",
-            "config": {"model": "smart", "system_prompt": SYSTEM},
+            "config": {
+                "model": "smart",
+                "system_prompt": SYSTEM,
+                "mcp": [{"server": "web", "tools": ["add"]}],
+            },
         },
     )
     assert agent.status == 201, agent.text
@@ -151,11 +173,17 @@ def children(spans: Sequence[ReadableSpan], parent: ReadableSpan) -> list[Readab
 
 @pytest.mark.parametrize("backend", ["postgres"])
 async def test_a_run_is_one_trace_across_api_and_worker(
-    settings: Settings, http: aiohttp.ClientSession, sims: list[SimulatedProvider]
+    settings: Settings,
+    http: aiohttp.ClientSession,
+    sims: list[SimulatedProvider],
+    tmp_path: Path,
 ) -> None:
-    async with api_and_worker(settings) as (api, api_spans, worker, worker_spans):
+    async with (
+        serve_http(tmp_path / "mcp-calls.log") as mcp,
+        api_and_worker(settings) as (api, api_spans, worker, worker_spans),
+    ):
         key_id = str((await api.services.auth.authenticate_key(api.boot.api_key or "")).api_key_id)
-        agent_id = await configure(http, api, sims)
+        agent_id = await configure(http, api, sims, mcp.url)
         traceparent = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
         created = await call(
             http,
@@ -219,12 +247,21 @@ async def test_a_run_is_one_trace_across_api_and_worker(
     assert run.status.status_code is StatusCode.UNSET
 
     steps = children(from_worker, run)
+    assert [s.name for s in steps][:1] == ["chat smart"]
+    assert {s.name for s in steps[1:3]} == {"execute_tool comment", "execute_tool web__add"}
+    steps = [steps[0], *sorted(steps[1:3], key=lambda s: s.name), *steps[3:]]
     assert [s.name for s in steps] == [
         "chat smart",
         "execute_tool comment",
+        "execute_tool web__add",
         "chat smart",
         "execute_tool finish",
     ]
+    mcp_call = steps[2].attributes
+    assert mcp_call is not None
+    assert (mcp_call["bullpen.tool.source"], mcp_call["gen_ai.tool.type"]) == ("mcp", "extension")
+    assert steps[2].status.status_code is StatusCode.UNSET
+    steps = [steps[0], steps[1], steps[3], steps[4]]  # the LLM calls and the built-in tools
     for chat in (steps[0], steps[2]):
         attrs = chat.attributes
         assert attrs is not None
@@ -262,15 +299,23 @@ async def test_a_run_is_one_trace_across_api_and_worker(
     assert steps[0].attributes is not None and steps[2].attributes is not None
     [answered] = json.loads(steps[0].attributes["gen_ai.output.messages"])
     assert answered["role"] == "assistant" and answered["finish_reason"] == "tool_calls"
-    [called] = answered["parts"]
-    assert (called["type"], called["name"]) == ("tool_call", "comment")
+    called, added = answered["parts"]
+    assert (called["type"], called["name"], added["name"]) == ("tool_call", "comment", "web__add")
     assert json.loads(called["arguments"]) == {"body": "looking into it"}
-    # The second call was sent the first step's tool call and its result.
+    # The second call was sent the first step's tool calls and their results.
     later = json.loads(steps[2].attributes["gen_ai.input.messages"])
-    assert later[-1] == {
-        "role": "tool",
-        "parts": [{"type": "tool_call_response", "id": called["id"], "response": "comment added"}],
-    }
+    assert later[-2:] == [
+        {
+            "role": "tool",
+            "parts": [
+                {"type": "tool_call_response", "id": called["id"], "response": "comment added"}
+            ],
+        },
+        {
+            "role": "tool",
+            "parts": [{"type": "tool_call_response", "id": added["id"], "response": "5"}],
+        },
+    ]
     for tool, name in ((steps[1], "comment"), (steps[3], "finish")):
         assert tool.attributes is not None
         assert tool.attributes["gen_ai.operation.name"] == "execute_tool"
@@ -296,7 +341,7 @@ async def test_a_run_is_one_trace_across_api_and_worker(
     # No secret in any span, prompts and answers recorded: the provider's key, the caller's key.
     assert api.boot.api_key
     dumped = "".join(s.to_json() for s in (*from_api, *from_worker))
-    for secret in (CANARY, api.boot.api_key):
+    for secret in (CANARY, api.boot.api_key, MCP_CANARY):
         for form in encodings(secret):
             assert form not in dumped
 
