@@ -96,3 +96,14 @@ def test_with_tracing_off_no_tracing_code_is_loaded() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_the_cli_names_a_bad_otel_variable_as_it_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bullpen.cli.main import _settings
+    from bullpen.errors import InvalidInput
+
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "maybe")
+    with pytest.raises(InvalidInput) as raised:
+        _settings(None, None)
+    assert raised.value.detail.startswith("invalid settings: OTEL_SDK_DISABLED: ")
+    assert "maybe" not in raised.value.detail  # never the value
