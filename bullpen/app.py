@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -66,6 +67,12 @@ from bullpen.streams.bus.postgres import PgNotify
 from bullpen.streams.bus.shared import SharedBus, Transport
 from bullpen.streams.changes import Feeds
 from bullpen.streams.eventlog import EventLog
+from bullpen.telemetry.setup import open_tracing
+
+if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    from bullpen.telemetry.spans import Tracing
 
 
 def utcnow() -> datetime:
@@ -117,6 +124,7 @@ class Services:
     metrics: CollectorRegistry
     clock: Callable[[], datetime]
     simulator: SimulatedProvider | None
+    tracing: Tracing | None = None  # None: tracing is off (the default)
 
 
 @asynccontextmanager
@@ -134,10 +142,17 @@ async def open_store(settings: Settings) -> AsyncIterator[Store]:
 
 @asynccontextmanager
 async def build(
-    settings: Settings, *, clock: Callable[[], datetime] = utcnow
+    settings: Settings,
+    *,
+    clock: Callable[[], datetime] = utcnow,
+    span_exporter: SpanExporter | None = None,
 ) -> AsyncIterator[Services]:
-    """Start every part this process runs; stop them in reverse order on exit."""
+    """Start every part this process runs; stop them in reverse order on exit.
+
+    `span_exporter` (tests): spans go there too, and tracing is on whatever the settings."""
     async with AsyncExitStack() as stack:
+        # First in, last out: the worker's last spans are exported when it has drained.
+        tracing = await stack.enter_async_context(open_tracing(settings, span_exporter))
         store = await stack.enter_async_context(open_store(settings))
         secret = load_secret(settings.secret_key, settings.data_dir)
         defaults = provider_defaults(settings)
@@ -245,7 +260,9 @@ async def build(
         )
         if settings.worker_enabled:
             adapters: dict[str, Adapter] = {
-                "llm": LlmAdapter(gateway, team, RunSpend(spend, store), mcp_tools),
+                "llm": LlmAdapter(
+                    gateway, team, RunSpend(spend, store), mcp_tools, tracing=tracing
+                ),
                 "http": await stack.enter_async_context(HttpAdapter(box, outbound)),
             }
             if process_allow:
@@ -265,6 +282,7 @@ async def build(
                     clock=clock,
                     publish=bus.publish,
                     announce=None if notifier is None else notifier.enqueued,
+                    tracing=tracing,
                 )
             )
             wakeups.append(worker.notify)
@@ -416,6 +434,7 @@ async def build(
             metrics=registry,
             clock=clock,
             simulator=simulator,
+            tracing=tracing,
         )
 
 

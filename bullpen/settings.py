@@ -20,7 +20,9 @@ def default_data_dir() -> Path:
 class Settings(BaseSettings):
     """Everything Bullpen can be configured with; see docs/configuration.md for the table."""
 
-    model_config = SettingsConfigDict(env_prefix="BULLPEN_", extra="ignore")
+    # populate_by_name: the OpenTelemetry fields read standard `OTEL_*` names from the
+    # environment, and are given by their field names in code.
+    model_config = SettingsConfigDict(env_prefix="BULLPEN_", extra="ignore", populate_by_name=True)
 
     data_dir: Path = Field(default_factory=default_data_dir)
     database_url: str | None = None
@@ -217,6 +219,30 @@ class Settings(BaseSettings):
     # How long the usage ledger gathers relay calls' rows before it commits them as one batch.
     ledger_linger_ms: int = Field(default=50, ge=0, le=1000)
 
+    # OpenTelemetry traces (docs/tracing.md): off unless these standard variables turn them on
+    # (an exporter named, or an OTLP endpoint given). The OTLP exporter reads its headers,
+    # timeout, compression and certificates, the SDK its sampler, resource and batch settings,
+    # from their own `OTEL_*` variables.
+    otel_sdk_disabled: bool = Field(default=False, validation_alias="OTEL_SDK_DISABLED")
+    otel_traces_exporter: str | None = Field(default=None, validation_alias="OTEL_TRACES_EXPORTER")
+    otel_exporter_otlp_endpoint: str | None = Field(
+        default=None, validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    otel_exporter_otlp_traces_endpoint: str | None = Field(
+        default=None, validation_alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+    )
+    otel_exporter_otlp_protocol: str | None = Field(
+        default=None, validation_alias="OTEL_EXPORTER_OTLP_PROTOCOL"
+    )
+    otel_exporter_otlp_traces_protocol: str | None = Field(
+        default=None, validation_alias="OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+    )
+    # Prompts and completions in LLM call spans (gen_ai.input.messages, gen_ai.output.messages):
+    # off unless asked for, as the GenAI instrumentations' own variable does.
+    otel_capture_message_content: bool = Field(
+        default=False, validation_alias="OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+    )
+
     @field_validator("redis_url")
     @classmethod
     def _check_redis_url(cls, value: str | None) -> str | None:
@@ -279,6 +305,41 @@ class Settings(BaseSettings):
                     " LISTEN/NOTIFY cannot go through a transaction-mode pooler"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _check_traces(self) -> Settings:
+        exporters = self.trace_exporters  # raises on an unknown exporter
+        protocol = self.otel_exporter_otlp_traces_protocol or self.otel_exporter_otlp_protocol
+        if "otlp" in exporters and protocol not in (None, "", "http/protobuf"):
+            raise ValueError(
+                f"OTLP protocol {protocol!r} is not supported: Bullpen exports traces over "
+                "OTLP/HTTP (OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf)"
+            )
+        for name, url in (
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", self.otel_exporter_otlp_endpoint),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", self.otel_exporter_otlp_traces_endpoint),
+        ):  # the value is not repeated: a URL may carry credentials
+            if url and not url.startswith(("http://", "https://")):
+                raise ValueError(f"{name} must be an http:// or https:// URL")
+        return self
+
+    @property
+    def trace_exporters(self) -> tuple[str, ...]:
+        """Where spans go: `otlp` and/or `console`; empty when tracing is off (the default)."""
+        if self.otel_sdk_disabled:
+            return ()
+        names = [n.strip().lower() for n in (self.otel_traces_exporter or "").split(",")]
+        chosen = tuple(dict.fromkeys(n for n in names if n))
+        if not chosen:  # unset: an endpoint given is enough to turn OTLP on
+            endpoint = self.otel_exporter_otlp_traces_endpoint or self.otel_exporter_otlp_endpoint
+            return ("otlp",) if endpoint else ()
+        unknown = set(chosen) - {"otlp", "console", "none"}
+        if unknown:
+            raise ValueError(
+                f"OTEL_TRACES_EXPORTER: unsupported exporter(s) {sorted(unknown)}; "
+                "Bullpen supports otlp, console and none"
+            )
+        return tuple(n for n in chosen if n != "none")
 
     @property
     def direct_database_url(self) -> str | None:

@@ -7,6 +7,7 @@ Request
     `Bullpen-Signature: v1=<hex HMAC-SHA256(secret, "<timestamp>.<body>")>`. A receiver
     recomputes the signature over the raw body, compares it in constant time and refuses old
     timestamps. A run may be delivered more than once (retries), always with the same run id.
+    With tracing on, a W3C `traceparent` (the run's span) lets a traced agent join the trace.
 
 Answer, read as it streams
     `application/x-ndjson`: one JSON event per line. `text/event-stream`: one JSON event per
@@ -63,6 +64,7 @@ from yarl import URL
 from bullpen.agents.base import Events, RunContext, done
 from bullpen.domain.events import EventKind
 from bullpen.domain.runs import RunOutcome
+from bullpen.domain.trace import TRACE_PARENT
 from bullpen.errors import BullpenError, InvalidInput
 from bullpen.security.outbound import GuardedResolver, OutboundAllow, check_url
 from bullpen.security.secrets import SecretBox, hint
@@ -480,6 +482,8 @@ class HttpAdapter:
         secret = self._box.open(sealed, secret_context(ctx.run.agent_id))
         body = orjson.dumps(ctx.as_dict())
         headers = _signed(secret, body, ctx.run.id, int(time.time()))
+        if (parent := TRACE_PARENT.get()) is not None:  # tracing: the agent joins the trace
+            headers["traceparent"] = parent
         answer = _Answer(ctx.events)
         try:
             async with asyncio.timeout(config.timeout_s):

@@ -19,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -46,6 +47,9 @@ from bullpen.errors import AgentLoop, AgentStopped, BudgetExceeded, BullpenError
 from bullpen.gateway.catalog import Target
 from bullpen.gateway.chunks import OutputCount, ToolCalls
 from bullpen.gateway.router import Call, Gateway, content_of
+
+if TYPE_CHECKING:
+    from bullpen.telemetry.spans import Tracing
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful agent working on a task for your team."
 TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"  # a tool's name, as `approval_tools` lists it
@@ -300,11 +304,14 @@ class LlmAdapter:
         team: TeamPort,
         spend: SpendPort | None = None,
         mcp: McpTools | None = None,
+        *,
+        tracing: Tracing | None = None,
     ) -> None:
         self._gateway = gateway
         self._team = team
         self._spend = spend
         self._mcp = mcp
+        self._tracing = tracing
 
     async def run(self, ctx: RunContext) -> RunOutcome:
         """Run the loop; provider failures and ceilings end the run `failed`, never raise."""
@@ -428,7 +435,9 @@ class LlmAdapter:
                         if config.max_cost_usd is not None:
                             ceiling = config.max_cost_usd - usage.task_usd
                         meter = await self._spend.open_call(run, chain, request, ceiling)
-                    text, calls = await self._complete(chain, request, call, ctx.events, meter)
+                    text, calls = await self._complete(
+                        config.model, chain, request, call, ctx.events, meter
+                    )
             except TimeoutError:
                 usage.add(call, offset, meter)
                 wall = f"{config.max_wall_s:g}"
@@ -527,6 +536,38 @@ class LlmAdapter:
         denied: tuple[frozenset[str], str] | None = None,
         prior: dict[str, dict[str, Any]] | None = None,
     ) -> StepResult:
+        """Carry out a step's calls and commit it (`_carry_calls`): every tool call of a run,
+        built-in or an MCP server's, goes through here, and is traced here (a span per call,
+        from before any call is carried out to the step's commit)."""
+        tracing = self._tracing
+        if tracing is None:
+            return await self._carry_calls(
+                ctx, step, messages, calls, reports, cost_usd, box, denied=denied, prior=prior
+            )
+        spans = tracing.start_tools(step, [(c.id, c.name, c.name in box.offered) for c in calls])
+        try:
+            done = await self._carry_calls(
+                ctx, step, messages, calls, reports, cost_usd, box, denied=denied, prior=prior
+            )
+        except BaseException as exc:
+            tracing.end_tools(spans, None, exc)
+            raise
+        tracing.end_tools(spans, done.results)
+        return done
+
+    async def _carry_calls(
+        self,
+        ctx: RunContext,
+        step: int,
+        messages: list[dict[str, Any]],
+        calls: list[ToolCall],
+        reports: list[Report],
+        cost_usd: float,
+        box: Toolbox,
+        *,
+        denied: tuple[frozenset[str], str] | None = None,
+        prior: dict[str, dict[str, Any]] | None = None,
+    ) -> StepResult:
         """Carry out a step's calls and commit it. MCP calls reach outside the transaction, so
         the step is opened first and each call marked started, then done with its result: a
         delivery after a crash finishes the same step (`prior`: what its calls got to) and
@@ -574,16 +615,49 @@ class LlmAdapter:
 
     async def _complete(
         self,
+        requested: str,
         chain: tuple[Target, ...],
         request: dict[str, Any],
         call: Call,
         events: Events,
         meter: MeterPort | None,
     ) -> tuple[str, list[ToolCall]]:
-        """One streaming completion: its text (streamed into the run) and tool calls.
+        """One streaming completion: its text (streamed into the run) and tool calls; traced
+        once it has ended (`requested`: the model the agent's config names).
 
         With a meter, the output is reserved as it arrives; a refusal stops the stream there
         (closed at once, so the provider stops and the call's usage is settled)."""
+        if self._tracing is None:
+            return await self._stream(chain, request, call, events, meter)
+        started_ns = time.time_ns()
+        failure: BaseException | None = None
+        output: dict[str, Any] | None = None
+        try:
+            text, calls = await self._stream(chain, request, call, events, meter)
+            if self._tracing.capture:
+                output = _assistant(text, calls)
+            return text, calls
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            self._tracing.llm_call(
+                call,
+                requested=requested,
+                started_ns=started_ns,
+                request=request,
+                output=output,
+                error=failure,
+            )
+
+    async def _stream(
+        self,
+        chain: tuple[Target, ...],
+        request: dict[str, Any],
+        call: Call,
+        events: Events,
+        meter: MeterPort | None,
+    ) -> tuple[str, list[ToolCall]]:
         parts: list[str] = []
         pieces = ToolCalls()
         output = OutputCount()
@@ -601,6 +675,17 @@ class LlmAdapter:
                     await meter.need(output.tokens)
         found = [ToolCall(c.id or f"call_{c.index}", c.name, c.arguments) for c in pieces.calls()]
         return "".join(parts), found
+
+
+def _assistant(text: str, calls: list[ToolCall]) -> dict[str, Any]:
+    """A step's answer as an assistant message (what a traced call's output records)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls
+        ]
+    return message
 
 
 def _denial(held: HeldStep | None) -> tuple[frozenset[str], str] | None:

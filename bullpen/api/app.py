@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
@@ -47,18 +49,34 @@ from bullpen.api.routes import (
 from bullpen.app import build
 from bullpen.settings import Settings
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+# `bullpen.api.tracing.traced`, bound to the process's tracing (set only when tracing is on).
+Traced = Callable[[ASGIApp, Scope, Receive, Send], Awaitable[None]]
+
 
 class BullpenApp(FastAPI):
     """FastAPI, with the direct endpoints (the relay's hot path) served ahead of its
     middleware stack. Each does for itself what the stack would do (`bullpen.api.direct`)."""
 
     direct: dict[str, ASGIApp]  # POST endpoints by exact path
+    traced: Traced | None = None  # tracing is on: every HTTP request gets its span
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            traced = self.traced
+            if traced is not None:
+                await traced(self._serve, scope, receive, send)
+                return
+        await self._serve(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             endpoint = self.direct.get(scope["path"])
             if endpoint is not None:
                 scope["app"] = self
+                scope["bullpen.direct"] = True
                 await endpoint(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
@@ -102,18 +120,27 @@ def _document_access(router: APIRouter) -> None:
                 route.openapi_extra = {**(route.openapi_extra or {}), "x-bullpen-access": declared}
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """The HTTP application; its lifespan starts and stops every service."""
+def create_app(settings: Settings, *, span_exporter: SpanExporter | None = None) -> FastAPI:
+    """The HTTP application; its lifespan starts and stops every service.
+
+    `span_exporter` (tests): spans go there too, and tracing is on whatever the settings."""
     mcp = McpEndpoint(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with build(settings) as services, mcp.run():
+        async with build(settings, span_exporter=span_exporter) as services, mcp.run():
             app.state.services = services
-            gcpolicy.settle()
-            yield
+            if services.tracing is not None:
+                from bullpen.api.tracing import traced  # OpenTelemetry only when tracing
 
-    app = BullpenApp(
+                bullpen_app.traced = functools.partial(traced, services.tracing)
+            gcpolicy.settle()
+            try:
+                yield
+            finally:
+                bullpen_app.traced = None
+
+    app = bullpen_app = BullpenApp(
         title="Bullpen",
         version=__version__,
         summary="Control plane for teams of LLM agents",
@@ -121,6 +148,10 @@ def create_app(settings: Settings) -> FastAPI:
         # /docs is Bullpen's own page (routes/system.py); FastAPI's pages load from a CDN.
         docs_url=None,
         redoc_url=None,
+        # Traces are Bullpen's own (bullpen.api.tracing): FastAPI's native telemetry would not
+        # see the direct endpoints, would add spans per dependency and serialisation, and
+        # records exception messages in logs; off even with FASTAPI_OTEL_AUTO_CONFIGURE set.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "auto_configure": False},
     )
     problems.install(app)
 

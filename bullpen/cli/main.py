@@ -62,11 +62,17 @@ def _settings(data_dir: Path | None, database_url: str | None, **extra: Any) -> 
     except ValidationError as err:
         # One line a problem, named as it is set; never the value, which may be a secret.
         problems = [
-            f"{'BULLPEN_' + str(e['loc'][0]).upper() + ': ' if e['loc'] else ''}"
+            f"{_variable(str(e['loc'][0])) + ': ' if e['loc'] else ''}"
             f"{e['msg'].removeprefix('Value error, ')}"
             for e in err.errors()
         ]
         raise InvalidInput("invalid settings: " + "; ".join(problems)) from None
+
+
+def _variable(field: str) -> str:
+    """The environment variable a settings field is read from (OpenTelemetry's keep their
+    standard names)."""
+    return field if field.startswith("OTEL_") else "BULLPEN_" + field.upper()
 
 
 async def _bootstrap(settings: Settings) -> Bootstrap:

@@ -37,6 +37,7 @@ class ClaimedRun:
     has_reports: bool = False  # someone reports to the agent: it may delegate
     agent_breakers: dict[str, Any] | None = None  # the agent's breaker overrides
     breaker_since: datetime | None = None  # its breaker windows start no earlier
+    trace_parent: str | None = None  # the W3C traceparent it was enqueued under (tracing on)
 
 
 @dataclass(frozen=True, slots=True)

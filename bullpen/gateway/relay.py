@@ -105,6 +105,7 @@ class Settle:
         "_done",
         "_hold",
         "_ledger",
+        "_observe",
         "_principal",
         "_rates",
         "_slots",
@@ -123,9 +124,11 @@ class Settle:
         rates: KeyRates | None = None,
         ticket: Any = None,
         hold: Hold | None = None,
+        observe: Callable[[Call], None] | None = None,
     ) -> None:
         self._call = call
         self._hold = hold
+        self._observe = observe
         self._chunks = chunks
         self._principal = principal
         self._ledger = ledger
@@ -158,6 +161,8 @@ class Settle:
             used = call.input_tokens + call.output_tokens if call.served_by is not None else 0
             self._rates.settle(self._ticket, used)
         self._slots.give_back(str(self._principal.workspace_id), self._principal.scope_id)
+        if self._observe is not None:  # tracing: the call's span, now that it has ended
+            self._observe(self._call)
 
 
 async def open_call(
@@ -172,11 +177,13 @@ async def open_call(
     clock: Callable[[], datetime],
     rates: KeyRates | None = None,
     budgets: Budgets | None = None,
+    observe: Callable[[Call], None] | None = None,
 ) -> tuple[Call, Chunks, Settle]:
     """Start one relayed call: the call's record, its chunks (not read yet) and its settling.
 
     An unknown model, a caller out of slots, a key over its requests or tokens per minute or
-    a budget with no room left raises here, before anything needs settling."""
+    a budget with no room left raises here, before anything needs settling. `observe` is
+    given the call once it ended (tracing)."""
     catalog = await catalogs.catalog(principal.workspace_id)
     chain = catalog.resolve(model)
     workspace, caller = str(principal.workspace_id), principal.scope_id
@@ -219,6 +226,7 @@ async def open_call(
             rates=rates,
             ticket=ticket,
             hold=hold,
+            observe=observe,
         ),
     )
 
@@ -298,10 +306,21 @@ class RelayAnswer:
     """Chunks in our own envelope (our id, the model name the caller used), and the whole
     answer for non-streaming callers."""
 
-    __slots__ = ("_created", "_head", "_id", "_model", "finish_reason", "text", "tool_calls")
+    __slots__ = (
+        "_created",
+        "_head",
+        "_id",
+        "_keep",
+        "_model",
+        "finish_reason",
+        "text",
+        "tool_calls",
+    )
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, *, keep: bool = False) -> None:
+        """`keep`: a streamed answer is kept whole too (tracing records it)."""
         self._id = "chatcmpl-" + secrets.token_hex(12)
+        self._keep = keep
         self._created = int(time.time())
         self._model = model
         envelope = {
@@ -321,6 +340,9 @@ class RelayAnswer:
 
     def frames(self, batch: list[dict[str, Any]]) -> bytes:
         """The frames for upstream chunks (its usage-only chunk is replaced by ours)."""
+        if self._keep:
+            for chunk in batch:
+                self.absorb(chunk)
         return b"".join(self.frame(c["choices"]) for c in batch if c.get("choices"))
 
     def usage_frame(self, call: Call) -> bytes:
@@ -341,6 +363,20 @@ class RelayAnswer:
             self.text.append(content)
         if isinstance(delta, dict):
             self.tool_calls.add_delta(delta)
+
+    def message(self) -> dict[str, Any]:
+        """The answer so far as an assistant message."""
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text) or None}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in self.tool_calls.calls()
+            ]
+        return message
 
     def completion(self, call: Call) -> dict[str, Any]:
         """The non-streaming answer."""

@@ -50,6 +50,7 @@ class Attempt:
     duration_ms: float | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
+    started: float = 0.0  # the event loop's clock when it began (for its trace span)
 
     def public(self) -> dict[str, Any]:
         """The attempt as runs and logs record it."""
@@ -121,15 +122,21 @@ class Router:
             breaker = self._breakers.get(provider.key, provider.name)
             if not breaker.allow():
                 call.attempts.append(
-                    Attempt(provider.name, target.model, "skipped", "breaker-open")
+                    Attempt(
+                        provider.name,
+                        target.model,
+                        "skipped",
+                        "breaker-open",
+                        started=loop.time(),
+                    )
                 )
                 self._metrics.fell_back(provider.key, "breaker-open")
                 continue
             waited = False
             while True:
-                attempt = Attempt(provider.name, target.model, "failed")
-                call.attempts.append(attempt)
                 attempt_started = loop.time()
+                attempt = Attempt(provider.name, target.model, "failed", started=attempt_started)
+                call.attempts.append(attempt)
                 try:
                     # Closed here, not when collected: a caller that stops reading (a budget's
                     # stop) needs the attempt's usage settled into `call` at once.

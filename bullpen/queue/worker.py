@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 from bullpen.agents.base import Adapter, Related, RunContext, TaskBrief, TeamPort
@@ -36,6 +37,9 @@ from bullpen.store import events as event_store
 from bullpen.store import runs as run_store
 from bullpen.store.base import Connection, Store
 from bullpen.streams.eventlog import Ending, EventLog, RunWriter, append_ends
+
+if TYPE_CHECKING:
+    from bullpen.telemetry.spans import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +85,10 @@ class Worker:
         clock: Callable[[], datetime],
         publish: Callable[[list[RunEvent]], None],
         announce: Callable[[], None] | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._store = store
+        self._tracing = tracing
         self._eventlog = eventlog
         self._adapters = adapters
         self._team = team
@@ -307,6 +313,23 @@ class Worker:
                     task.cancel()
 
     async def _execute(self, run: ClaimedRun) -> None:
+        tracing = self._tracing
+        if tracing is None:
+            await self._deliver(run)
+            return
+        # The delivery's span continues the trace the run was enqueued under; what it
+        # enqueues (a delegated subtask) continues this one.
+        span = tracing.start_run(run)
+        outcome = None
+        try:
+            with tracing.current(span):
+                outcome = await self._deliver(run)
+        finally:
+            tracing.end_run(span, outcome)
+
+    async def _deliver(self, run: ClaimedRun) -> RunOutcome | None:
+        """Execute one delivery and record its end; the outcome, None if it was given back
+        or its lease lost."""
         last = 0
         if run.attempt > 1:
             async with self._store.read() as conn:
@@ -342,10 +365,10 @@ class Worker:
             if current is not None:
                 current.uncancel()
             if why is _Stop.LOST:
-                return
+                return None
             if why is _Stop.RELEASE:
                 await self._release(run, writer)
-                return
+                return None
             outcome = _ended(RunStatus.CANCELLED, "cancelled on request")
         except BullpenError as err:  # http and process agents raise; llm agents return
             writer.emit(EventKind.ERROR, {"message": err.detail, "code": err.slug})
@@ -355,7 +378,7 @@ class Worker:
             outcome = _ended(RunStatus.FAILED, "internal error while executing the run")
         if outcome.status is RunStatus.FAILED and outcome.transient:
             await self._retry_later(run, writer, outcome)
-            return
+            return outcome
         now = self._clock()
 
         async def change(conn: Connection) -> bool:
@@ -381,14 +404,16 @@ class Worker:
             )
         except BullpenError as err:
             log.warning("could not record the end of run %s: %s", run.id, err.detail)
-            return
+            return None
         except Exception:  # its lease expires and the run is delivered again
             log.exception("could not record the end of run %s", run.id)
-            return
+            return None
         if applied:
             self.completed += 1
         else:
             log.warning("run %s attempt %s lost its lease; result dropped", run.id, run.attempt)
+            return None
+        return outcome
 
     async def _context(self, run: ClaimedRun, writer: RunWriter) -> RunContext:
         children: tuple[Related, ...] = ()

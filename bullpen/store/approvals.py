@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from bullpen.domain.approvals import ApprovalKind, ApprovalRecord, ApprovalStatus
 from bullpen.domain.status import RunStatus, TaskStatus
+from bullpen.domain.trace import TRACE_PARENT
 from bullpen.store.base import Connection
 from bullpen.store.ids import time_ordered_id
 from bullpen.store.notices import add_notice
@@ -207,6 +208,7 @@ async def release(conn: Connection, task_id: UUID, now: datetime) -> UUID | None
             priority=row.priority,
             failures=0,
             queued_at=now,
+            trace_parent=TRACE_PARENT.get(),  # the decision's request, while tracing
         )
     )
     return run_id

@@ -122,6 +122,7 @@ async def _take(
             runs.c.agent_id,
             runs.c.attempt,
             runs.c.failures,
+            runs.c.trace_parent,
             tasks.c.prompt,
             tasks.c.title,
             tasks.c.number,
@@ -175,6 +176,7 @@ async def _take(
             has_reports=bool(row.has_reports),
             agent_breakers=row.breakers,
             breaker_since=row.breaker_since,
+            trace_parent=row.trace_parent,
         )
         for row in details
     ]

@@ -300,6 +300,9 @@ runs = sa.Table(
     sa.Column("error_code", sa.String(64)),
     sa.Column("cost_usd", sa.Float),
     sa.Column("llm_calls", JSONType),
+    # The W3C traceparent of what enqueued the run (migration 0019; only with tracing on):
+    # its worker's spans continue that trace.
+    sa.Column("trace_parent", sa.String(55)),
     sa.Index("ix_runs_task_id", "task_id"),
     sa.Index("ix_runs_status_queued", "status", "queued_at"),
     # Each workspace's queue head in claim order: a range scan, whatever the queue's length.

@@ -15,6 +15,7 @@ from bullpen.domain.agents import AgentStatus
 from bullpen.domain.approvals import ApprovalKind, Outcome
 from bullpen.domain.records import CommentRecord, RunRecord, TaskRecord
 from bullpen.domain.status import RunStatus, TaskStatus, task_sources
+from bullpen.domain.trace import TRACE_PARENT
 from bullpen.errors import Conflict
 from bullpen.store import approvals as approval_store
 from bullpen.store.base import UNWATCHED, Connection
@@ -35,6 +36,7 @@ _RUN_FIELDS = (
     "priority",
     "failures",
     "queued_at",
+    "trace_parent",
 )
 _INSERT_TASK = tasks.insert()
 _INSERT_RUN = runs.insert()
@@ -307,6 +309,7 @@ def _queued_run(
         "priority": priority,
         "failures": 0,
         "queued_at": now,
+        "trace_parent": TRACE_PARENT.get(),  # set only while tracing
     }
 
 

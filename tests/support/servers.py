@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import uvicorn
+from opentelemetry.sdk.trace.export import SpanExporter
 
 from bullpen.api.app import create_app
 from bullpen.api.edge import server_config
@@ -47,10 +48,13 @@ class RunningServer:
         return {"Authorization": f"Bearer {self.boot.api_key}"}
 
 
-async def start_server(settings: Settings) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
-    """Serve create_app(settings) on an ephemeral port; returns (server, task, base URL)."""
+async def start_server(
+    settings: Settings, span_exporter: SpanExporter | None = None
+) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
+    """Serve create_app(settings) on an ephemeral port; returns (server, task, base URL).
+    With `span_exporter`, tracing is on and its spans go there."""
     config = server_config(
-        create_app(settings),
+        create_app(settings, span_exporter=span_exporter),
         settings,
         host="127.0.0.1",
         port=0,

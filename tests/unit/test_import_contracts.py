@@ -66,6 +66,7 @@ def test_the_tree_keeps_every_contract(tree: Path) -> None:
         ("simulator/__init__.py", "import bullpen.gateway.router", "the simulator is a provider"),
         ("streams/__init__.py", "import bullpen.api.eventstream", "services never import the"),
         ("cli/__init__.py", "import starlette.responses", "the CLI reaches FastAPI only"),
+        ("telemetry/__init__.py", "import bullpen.store.base", "telemetry reads the domain"),
     ],
 )
 def test_a_planted_import_breaks_its_contract(

@@ -71,19 +71,33 @@ async def list_models(principal: Caller, svc: ServicesDep) -> ModelCards:
 
 async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDep) -> Response:
     """Call a model through the gateway, streamed or not."""
+    upstream = body.upstream()
+    tracing = svc.tracing
+    answer = RelayAnswer(body.model, keep=tracing is not None and tracing.capture)
+    observe = None
+    if tracing is not None:  # the call's span: the caller's key id, never the key
+        observe = tracing.observer(
+            body.model,
+            {
+                "bullpen.workspace.id": str(principal.workspace_id),
+                **_caller_attributes(principal),
+            },
+            request=upstream,
+            output=answer.message,
+        )
     call, chunks, settle = await open_call(
         svc.directory,
         svc.gateway.router,
         principal,
         body.model,
-        body.upstream(),
+        upstream,
         ledger=svc.ledger,
         slots=svc.relay_slots,
         clock=svc.clock,
         rates=svc.relay_rates,
         budgets=svc.relay_budgets,
+        observe=observe,
     )
-    answer = RelayAnswer(body.model)
     try:
         if not body.stream:
             async for batch in chunks:
@@ -157,6 +171,13 @@ router.add_api_route(
     },
     summary="Create a chat completion (OpenAI-compatible)",
 )
+
+
+def _caller_attributes(principal: Principal) -> dict[str, str]:
+    """Who called, as span attributes: ids only."""
+    if principal.api_key_id is not None:
+        return {"bullpen.api_key.id": str(principal.api_key_id)}
+    return {"bullpen.user.id": str(principal.user_id)} if principal.user_id else {}
 
 
 def _served_headers(call: Call) -> dict[str, str]:

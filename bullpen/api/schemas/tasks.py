@@ -162,6 +162,12 @@ class RunPublic(BaseModel):
         description="Every provider attempt of the last delivery: provider, model, outcome "
         "(ok, failed, skipped, incomplete, cancelled), reason, ttft_ms, duration_ms, tokens"
     )
+    trace_id: str | None = Field(
+        default=None,
+        description="The OpenTelemetry trace the run's spans are in (32 hex digits), when it "
+        "was enqueued with tracing on; see docs/tracing.md",
+        examples=["4bf92f3577b34da6a3ce929d0e0e4736"],  # pragma: allowlist secret
+    )
 
     @classmethod
     def from_row(cls, row: RunRecord) -> RunPublic:
@@ -188,6 +194,7 @@ class RunPublic(BaseModel):
             error_code=row.error_code,
             cost_usd=row.cost_usd,
             llm_calls=row.llm_calls,
+            trace_id=row.trace_parent.split("-")[1] if row.trace_parent else None,
         )
 
 

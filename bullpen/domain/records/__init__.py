@@ -106,6 +106,7 @@ class RunRecord:
     error_code: str | None
     cost_usd: float | None
     llm_calls: list[dict[str, Any]] | None
+    trace_parent: str | None  # the W3C traceparent it was enqueued under (tracing on)
 
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:

@@ -38,6 +38,7 @@ from bullpen.agents.http import (
 from bullpen.domain.events import EventKind
 from bullpen.domain.runs import ClaimedRun
 from bullpen.domain.status import RunStatus
+from bullpen.domain.trace import TRACE_PARENT
 from bullpen.errors import BullpenError, InvalidInput
 from bullpen.security.outbound import OutboundAllow, OutboundRefused
 from bullpen.security.secrets import SecretBox
@@ -229,6 +230,23 @@ async def test_the_request_is_signed_and_ndjson_events_reach_the_run(
     assert seen.headers["Bullpen-Run-Id"] == str(ctx.run.id)
     assert seen.headers["Accept"] == "application/x-ndjson, text/event-stream, application/json"
     assert abs(int(seen.headers["Bullpen-Timestamp"]) - started) <= 5
+    assert "traceparent" not in seen.headers  # tracing is off
+
+
+async def test_a_traced_run_passes_its_trace_context_to_the_agent(
+    hook: Webhook, adapter: HttpAdapter
+) -> None:
+    """With tracing on, the run's span is current (`TRACE_PARENT`) while the adapter runs."""
+    hook.handlers["/agent"] = answer(NDJSON, line({"type": "result", "result": "ok"}))
+    traceparent = f"00-{'ab' * 16}-{'cd' * 8}-01"
+    token = TRACE_PARENT.set(traceparent)
+    try:
+        outcome = await adapter.run(context(config(hook.url("/agent")), Recorder()))
+    finally:
+        TRACE_PARENT.reset(token)
+    assert outcome.status is RunStatus.DONE
+    [seen] = hook.received
+    assert seen.signed and seen.headers["traceparent"] == traceparent
 
 
 async def test_a_signature_made_with_another_secret_does_not_verify(
