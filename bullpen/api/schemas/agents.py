@@ -102,9 +102,9 @@ class ArgLimitIn(Strict):
     """Limits on one argument of a tool's calls, checked before a call is made (a refused
     call's result tells the model why)."""
 
-    max_length: Annotated[int, Field(ge=1, le=1_000_000, strict=True)] | None = Field(
-        default=None, description="Characters of a string (or of another value's JSON)."
-    )
+    max_length: (
+        Annotated[int, Field(ge=1, le=1_000_000, strict=True), BeforeValidator(integral)] | None
+    ) = Field(default=None, description="Characters of a string (or of another value's JSON).")
     minimum: Annotated[float, Field(allow_inf_nan=False)] | None = None
     maximum: Annotated[float, Field(allow_inf_nan=False)] | None = None
     enum: Annotated[list[Scalar], Field(min_length=1, max_length=64)] | None = Field(
@@ -116,9 +116,9 @@ class McpToolIn(Strict):
     """A tool the agent may call, with limits on its calls."""
 
     name: McpToolName
-    max_chars: Annotated[int, Field(ge=2, le=1_000_000, strict=True)] | None = Field(
-        default=None, description="Characters of the call's arguments (JSON)."
-    )
+    max_chars: (
+        Annotated[int, Field(ge=2, le=1_000_000, strict=True), BeforeValidator(integral)] | None
+    ) = Field(default=None, description="Characters of the call's arguments (JSON).")
     arguments: Annotated[dict[ArgName, ArgLimitIn], Field(max_length=32)] | None = None
 
 
