@@ -394,21 +394,7 @@ async def charge_expired(conn: Connection, now: datetime, limit: int = 100) -> i
         await record_crossings(conn, gone.workspace_id, crossings, now)
         if gone.amount_usd > 0:
             rows.append(
-                {
-                    "workspace_id": gone.workspace_id,
-                    "run_id": None,
-                    "agent_id": None,
-                    "user_id": None,
-                    "api_key_id": gone.api_key_id,
-                    "provider": UNKNOWN,
-                    "model": UNKNOWN,
-                    "input_tokens": 0,
-                    "cached_input_tokens": 0,
-                    "output_tokens": 0,
-                    "cost_usd": gone.amount_usd,
-                    "estimated": True,
-                    "created_at": now,
-                }
+                _charged(gone.workspace_id, gone.amount_usd, now, api_key_id=gone.api_key_id)
             )
     await gateway_store.record_costs(conn, rows)
     return len(rows)
@@ -511,6 +497,28 @@ def _run_row(
     }
 
 
+def _charged(workspace_id: UUID, cost_usd: float, now: datetime, **ids: Any) -> dict[str, Any]:
+    """The ledger row of a call charged what it held, its usage never reported: a run's
+    (`run_id`, `agent_id`, `task_id`) or a relay pool's (`api_key_id`)."""
+    return {
+        "workspace_id": workspace_id,
+        "run_id": None,
+        "agent_id": None,
+        "task_id": None,
+        "user_id": None,
+        "api_key_id": None,
+        "provider": UNKNOWN,
+        "model": UNKNOWN,
+        "input_tokens": 0,
+        "cached_input_tokens": 0,
+        "output_tokens": 0,
+        "cost_usd": cost_usd,
+        "estimated": True,
+        "created_at": now,
+        **ids,
+    }
+
+
 async def charge_held(conn: Connection, run_ids: Sequence[UUID], now: datetime) -> None:
     """Charge what these runs still hold: calls whose delivery died (the reaper) or was
     cancelled mid-stream, which never reported their usage. Each is charged what was reserved
@@ -541,19 +549,13 @@ async def charge_held(conn: Connection, run_ids: Sequence[UUID], now: datetime) 
             continue
         await record_crossings(conn, item.workspace_id, crossings, now)
         rows.append(
-            _run_row(
+            _charged(
                 item.workspace_id,
-                item.run_id,
-                item.agent_id,
-                item.task_id,
+                item.amount_usd,
                 now,
-                provider=UNKNOWN,
-                model=UNKNOWN,
-                input_tokens=0,
-                cached_input_tokens=0,
-                output_tokens=0,
-                cost_usd=item.amount_usd,
-                estimated=True,
+                run_id=item.run_id,
+                agent_id=item.agent_id,
+                task_id=item.task_id,
             )
         )
     await gateway_store.record_costs(conn, rows)

@@ -42,6 +42,7 @@ from tests.support.cluster import (
 )
 from tests.support.processes import bullpen_up, free_port
 from tests.support.queueload import noisy_neighbour, second_workspace
+from tests.support.spend import USD_PER_TOKEN
 
 pytestmark = pytest.mark.timeout(300)
 POSTGRES = pytest.mark.parametrize("backend", ["postgres"])  # faults of several processes
@@ -371,9 +372,6 @@ async def test_postgres_restarts_under_load_lose_nothing(settings: Settings, db:
     assert left == 0 and result.clean, f"{result.summary()}\n{worker_logs}"
     assert "Traceback" not in api_log, api_log[-3000:]
     assert "Traceback" not in worker_logs, worker_logs
-
-
-USD_PER_TOKEN = 0.001  # the priced provider of the spend tests: $1,000 per million tokens
 
 
 async def _priced_under_a_budget(
