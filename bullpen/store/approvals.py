@@ -117,7 +117,16 @@ async def decide(
     key_id: UUID | None = None,
 ) -> ApprovalRecord | None:
     """Decide a pending approval (None when it was decided already); records the
-    `approval.decided` notice with it."""
+    `approval.decided` notice with it.
+
+    On PostgreSQL its task's row is locked first, as the run that held the step locks it by
+    ending. Without that, a decision made while that run was ending could miss it both ways:
+    the decision's `release` found the task still `running`, and the run's end, reading
+    before the decision committed, still saw the approval pending; the task then waited
+    forever. Now one of them waits for the other and queues the task (see `release`)."""
+    if conn.dialect.name == "postgresql":
+        task_of = sa.select(_C.task_id).where(_C.id == approval_id).scalar_subquery()
+        await conn.execute(sa.select(tasks.c.id).where(tasks.c.id == task_of).with_for_update())
     row = (
         await conn.execute(
             approvals.update()
