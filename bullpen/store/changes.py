@@ -10,9 +10,11 @@ The order is (xid, id), the cursor a reader resumes from. On SQLite one transact
 time, so ids are in commit order and xid is 0. On PostgreSQL ids are taken before commit and
 transactions commit in any order, so a reader reading by id alone could pass a row that
 commits later with a lower id. There `xid` is the writing transaction's id, and a reader takes
-only rows whose transaction ended before the oldest one still running (`xid <
-pg_snapshot_xmin`): every row that can still appear sorts after them. A write transaction left
-open holds the stream back until it ends.
+only rows whose transaction ended before the oldest one still running that could write them:
+every row that can still appear sorts after them. PostgreSQL's snapshot lists the running
+transactions of the whole server, so those known to belong to another database (by
+`pg_stat_activity`) are left out: another database's open transaction never holds this one's
+streams back. A write transaction left open in this database holds them back until it ends.
 """
 
 from __future__ import annotations
@@ -32,8 +34,19 @@ Cursor = tuple[int, int]  # (xid, id): a position in the change log
 START: Cursor = (0, 0)  # before every change
 
 _C = task_changes.c
-_XMIN = sa.cast(
-    sa.cast(sa.func.pg_snapshot_xmin(sa.func.pg_current_snapshot()), sa.Text), sa.BigInteger
+# The oldest transaction still running, among those that may be this database's, or the
+# snapshot's end when there is none (every id at or past it still counts as running). A backend
+# never changes database, so an id `pg_stat_activity` shows in another one cannot write here,
+# whenever that view was read; one it does not show stays counted. The activity view is read
+# only when some transaction is running.
+_SAFE_BELOW = sa.literal_column(
+    """(SELECT coalesce(
+        min(x::text::bigint), pg_snapshot_xmax(pg_current_snapshot())::text::bigint)
+    FROM pg_snapshot_xip(pg_current_snapshot()) AS x
+    WHERE x::xid NOT IN (
+        SELECT backend_xid FROM pg_stat_activity
+        WHERE datname <> current_database() AND backend_xid IS NOT NULL))""",
+    sa.BigInteger,
 )
 _FIELDS = (
     _C.xid,
@@ -101,7 +114,7 @@ Change = TaskChange | Notice
 def _safe(conn: Connection) -> sa.ColumnElement[bool]:
     """Rows no transaction can still commit below (always true on SQLite)."""
     if conn.dialect.name == "postgresql":
-        return _C.xid < _XMIN
+        return _C.xid < _SAFE_BELOW
     return sa.true()
 
 

@@ -51,12 +51,6 @@ SERIAL = (
     "integration/streams/test_sse_churn.py",  # memory, descriptors, tasks flat over 20,000 cycles
     "integration/security/test_login_burst.py",  # RSS and /healthz latency during 300 sign-ins
     "integration/security/test_login_throttle.py::test_unknown_email_costs_the_same_time_as_a_wrong_password",
-    # Reads PostgreSQL's task change log at once after a commit: the log shows only what ended
-    # before the oldest write transaction still running on the whole server (pg_snapshot_xmin
-    # is cluster-wide), so any other worker's open transaction holds the read back.
-    "integration/store/test_task_changes.py",
-    "integration/store/test_notices.py",  # the same reads of the change log
-    "integration/store/test_approvals_migration.py",  # and here
     # Needs its third stream opened before the task it holds a stream of ends (a ~30 ms run):
     # slower, the task's stream closes, the third is admitted and read forever.
     "integration/streams/test_workspace_stream.py::test_workspace_streams_count_against_the_limits",

@@ -8,6 +8,7 @@ import asyncio
 import uuid
 from datetime import timedelta
 
+import asyncpg
 import pytest
 import sqlalchemy as sa
 
@@ -18,6 +19,7 @@ from bullpen.store import tasks as task_store
 from bullpen.store import workspaces as workspace_store
 from bullpen.store.base import Store
 from bullpen.store.tables import task_changes, tasks
+from tests.support.postgres import PG_ADMIN_URL
 from tests.support.seed import NOW, insert_task, new_task, workspace_with_agent
 
 
@@ -176,6 +178,36 @@ async def test_a_reader_never_passes_a_change_that_commits_later(
     async with store.read() as conn:
         page, held = await changes.after(conn, ws, start, 10)
     assert [c.task_id for c in page] == [a, b] and not held
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+async def test_another_databases_open_transaction_does_not_hold_a_reader_back(
+    store: Store,
+) -> None:
+    """PostgreSQL's snapshot lists every running transaction of the server. One left open in
+    another database (its id older than the change) cannot write this log, so it holds nothing
+    back; one left open in this database does, until it ends."""
+    ws, agent = await workspace_with_agent(store)
+    a, _ = await new_task(store, ws, agent)
+    async with store.read() as conn:
+        start = await changes.head(conn, ws)
+    elsewhere = await asyncpg.connect(PG_ADMIN_URL)  # the server's admin database, not ours
+    try:
+        async with elsewhere.transaction():
+            assert await elsewhere.fetchval("SELECT pg_current_xact_id()::text") is not None
+            await set_status(store, a, TaskStatus.RUNNING)
+            async with store.read() as conn:
+                page, held = await changes.after(conn, ws, start, 10)
+            assert [c.status for c in page] == ["running"] and not held
+
+            async with store.write() as here:  # an open write transaction in this database
+                await here.execute(sa.text("SELECT pg_current_xact_id()"))
+                await set_status(store, a, TaskStatus.DONE)
+                async with store.read() as conn:
+                    page, held = await changes.after(conn, ws, page[-1].cursor, 10)
+                assert (page, held) == ([], True)
+    finally:
+        await elsewhere.close()
 
 
 async def test_deleting_a_workspace_deletes_its_changes(store: Store) -> None:

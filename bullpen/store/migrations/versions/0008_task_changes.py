@@ -16,7 +16,7 @@ branch_labels = None
 depends_on = None
 
 # PostgreSQL: `xid` is the writing transaction's id. Readers take only rows whose transaction
-# ended before every transaction still running (`xid < pg_snapshot_xmin(...)`), in (xid, id)
+# ended before every transaction still running (see bullpen.store.changes), in (xid, id)
 # order: nothing can commit into the part they have read, whatever the commit order.
 _PG_FUNCTION = """
 CREATE FUNCTION bullpen_task_change() RETURNS trigger LANGUAGE plpgsql AS $$
