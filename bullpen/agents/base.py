@@ -236,6 +236,8 @@ class TeamPort(Protocol):
 class MeterPort(Protocol):
     """One call's hold on the budgets and the run's cost ceiling (`services.spend.Meter`)."""
 
+    due: float  # `need` has nothing to do until the output passes this
+
     async def need(self, output_tokens: int) -> None:
         """Make sure this much output is reserved; raise `BudgetExceeded` to stop the stream."""
 

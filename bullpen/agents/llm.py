@@ -45,7 +45,7 @@ from bullpen.domain.runs import RunOutcome
 from bullpen.domain.status import RunStatus
 from bullpen.errors import AgentLoop, AgentStopped, BudgetExceeded, BullpenError
 from bullpen.gateway.catalog import Target
-from bullpen.gateway.chunks import OutputCount, ToolCalls
+from bullpen.gateway.chunks import ToolCalls
 from bullpen.gateway.router import Call, Gateway, content_of
 
 if TYPE_CHECKING:
@@ -660,8 +660,8 @@ class LlmAdapter:
     ) -> tuple[str, list[ToolCall]]:
         parts: list[str] = []
         pieces = ToolCalls()
-        output = OutputCount()
         stream = self._gateway.router.stream(chain, request, call)
+        output = call.output  # the router counts it as it arrives
         async with contextlib.aclosing(stream):
             async for batch in stream:
                 for chunk in batch:
@@ -669,9 +669,8 @@ class LlmAdapter:
                     if text:
                         parts.append(text)
                         events.text(text)
-                    output.add(chunk, text)
                     pieces.add(chunk)
-                if meter is not None:
+                if meter is not None and output.tokens > meter.due:
                     await meter.need(output.tokens)
         found = [ToolCall(c.id or f"call_{c.index}", c.name, c.arguments) for c in pieces.calls()]
         return "".join(parts), found

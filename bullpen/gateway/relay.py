@@ -16,7 +16,6 @@ OpenAI clients raise. The HTTP side (authentication, response classes, headers) 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
@@ -28,8 +27,8 @@ import orjson
 from bullpen.domain.principal import Principal
 from bullpen.errors import BullpenError, ProviderIncomplete
 from bullpen.gateway.catalog import Target
-from bullpen.gateway.chunks import OutputCount, ToolCalls
-from bullpen.gateway.router import Call, CatalogSource, Router, content_of, estimate_prompt_tokens
+from bullpen.gateway.chunks import ToolCalls
+from bullpen.gateway.router import Call, CatalogSource, Router, estimate_prompt_tokens
 
 DONE = b"data: [DONE]\n\n"
 
@@ -47,6 +46,11 @@ class Ledger(Protocol):
 
 class Hold(Protocol):
     """A relayed call's hold on the budgets that cover it (`bullpen.services.spend`)."""
+
+    @property
+    def due(self) -> float:
+        """`need` has nothing to do until the call's output passes this."""
+        ...
 
     async def need(self, output_tokens: int) -> None:
         """Make sure this much output is reserved; raise `BudgetExceeded` to stop the stream."""
@@ -143,6 +147,14 @@ class Settle:
         """The gateway call being settled."""
         return self._call
 
+    async def meter(self) -> None:
+        """Reserve the output read so far against the call's budgets, if any cover it;
+        `BudgetExceeded` stops the call (settling it closes the upstream stream). Callers read
+        a batch, pass it on, then call this: the batch that reaches a budget still goes out."""
+        hold, output = self._hold, self._call.output
+        if hold is not None and output.tokens > hold.due:
+            await hold.need(output.tokens)
+
     def __call__(self) -> None:
         """The call ended: close upstream if still open, queue its usage for the ledger (which
         commits it within moments; the caller does not wait for that), free the slot."""
@@ -150,8 +162,19 @@ class Settle:
             return
         self._done = True
         if getattr(self._chunks, "ag_frame", None) is not None:
-            # Unfinished (a client gone mid-stream): closing it closes the upstream request.
-            _background(self._chunks.aclose())
+            # Unfinished (a client gone mid-stream, a budget's stop): closing it closes the
+            # upstream request and counts the usage of what streamed, which is then owed.
+            _background(self._close_then_record())
+            return
+        self._record()
+
+    async def _close_then_record(self) -> None:
+        try:
+            await self._chunks.aclose()
+        finally:
+            self._record()
+
+    def _record(self) -> None:
         row = usage_row(self._principal, self._call, self._clock)
         draw = None if self._hold is None else self._hold.finish(self._call)
         if row is not None or draw is not None:
@@ -211,8 +234,6 @@ async def open_call(
         raise
     call = Call()
     chunks = router.stream(chain, body, call)
-    if hold is not None:
-        chunks = _metered(chunks, hold)
     return (
         call,
         chunks,
@@ -229,18 +250,6 @@ async def open_call(
             observe=observe,
         ),
     )
-
-
-async def _metered(chunks: Chunks, hold: Hold) -> Chunks:
-    """The chunks, their output reserved as it arrives: a budget with no room left for more
-    stops the stream (closing it stops the provider) after the batch that reached it."""
-    output = OutputCount()
-    async with contextlib.aclosing(chunks):
-        async for batch in chunks:
-            for chunk in batch:
-                output.add(chunk, content_of(chunk))
-            yield batch
-            await hold.need(output.tokens)
 
 
 _closing: set[asyncio.Task[None]] = set()
@@ -261,6 +270,14 @@ async def until_content(
     return []
 
 
+async def whole_answer(settle: Settle, answer: RelayAnswer, chunks: Chunks) -> None:
+    """Read a call not streamed to its caller into `answer`, metered as it arrives."""
+    async for batch in chunks:
+        for chunk in batch:
+            answer.absorb(chunk)
+        await settle.meter()
+
+
 async def sse_frames(
     settle: Settle,
     answer: RelayAnswer,
@@ -276,10 +293,12 @@ async def sse_frames(
             answer.frames(opening)
         )
         try:
+            await settle.meter()
             async for batch in chunks:
                 frames = answer.frames(batch)
                 if frames:
                     yield frames
+                await settle.meter()
         except BullpenError as err:
             # Content went out already: say so in-band, and never send [DONE].
             yield error_frame(err)

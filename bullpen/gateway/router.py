@@ -29,7 +29,7 @@ from bullpen.errors import (
 )
 from bullpen.gateway.breaker import Breakers
 from bullpen.gateway.catalog import Catalog, Price, Target
-from bullpen.gateway.chunks import CHARS_PER_TOKEN
+from bullpen.gateway.chunks import CHARS_PER_TOKEN, OutputCount
 from bullpen.gateway.client import Exchange, GatewayClient
 from bullpen.gateway.metrics import GatewayMetrics
 from bullpen.gateway.redact import ChunkRedactor
@@ -82,7 +82,9 @@ class Call:
     output_tokens: int = 0
     usage_estimated: bool = False
     cost_usd: float | None = None
-    text_chars: int = 0
+    # Output received so far, counted as it arrives: what metering reads between reads, and
+    # the usage of a stream that ends without the provider's count.
+    output: OutputCount = field(default_factory=OutputCount)
 
     def attempts_public(self) -> list[dict[str, Any]]:
         """Every attempt, as stored on the run."""
@@ -240,7 +242,7 @@ class Router:
                 for chunk in batch:
                     if redactor is not None:
                         redactor.chunk(chunk)
-                    call.text_chars += _content_chars(chunk)
+                    call.output.add(chunk, content_of(chunk))
                 yield batch
         finally:
             if call.served_by is target:  # served, completely or not: its usage is owed
@@ -253,11 +255,6 @@ class Router:
                 )
 
 
-def _content_chars(chunk: dict[str, Any]) -> int:
-    content = content_of(chunk)
-    return len(content) if content else 0
-
-
 def _settle_usage(call: Call, exchange: Exchange, request: Mapping[str, Any], price: Price) -> None:
     """Usage from the stream's usage chunk, else counted; cost from the price table."""
     if exchange.input_tokens is not None and exchange.output_tokens is not None:
@@ -267,7 +264,7 @@ def _settle_usage(call: Call, exchange: Exchange, request: Mapping[str, Any], pr
     else:
         call.usage_estimated = True
         call.input_tokens = estimate_prompt_tokens(request.get("messages") or ())
-        call.output_tokens = max(exchange.content_chunks, -(-call.text_chars // CHARS_PER_TOKEN))
+        call.output_tokens = max(exchange.content_chunks, call.output.tokens)
         call.cached_input_tokens = 0
     call.cost_usd = price.cost(call.input_tokens, call.cached_input_tokens, call.output_tokens)
 

@@ -83,6 +83,7 @@ class Meter:
     reservation_id: UUID | None = None
     reserved_usd: float = 0.0  # held against the budgets (and the ceiling) so far
     allowance_tokens: float = math.inf  # output tokens the reservation covers
+    due: float = math.inf  # `need` has nothing to do until the output passes this
     prompt_usd: float = 0.0
     task_id: UUID | None = None  # a run's task: a budget override approved for it applies
     by_ceiling: bool = False  # the run's ceiling, not a budget, bounded the last grant
@@ -100,12 +101,13 @@ class Meter:
         if left < -EPSILON_USD or (self._token_usd > 0 and left < self._token_usd):
             raise self._refusal(before=True)
         self.allowance_tokens = left / self._token_usd if self._token_usd > 0 else math.inf
+        self.due = self.allowance_tokens - self.slice_tokens / 2
 
     async def need(self, output_tokens: int) -> None:
         """Make sure `output_tokens` of output are reserved, and half a slice more: the next
         slice is asked for while the call still has that much left, so output arriving while
         the reservation is made is covered. Stop the call once its output passes what is
-        reserved and no more can be."""
+        reserved and no more can be. Callers skip it while the output is at most `due`."""
         ahead = self.slice_tokens / 2
         while output_tokens > self.allowance_tokens - ahead and not self.exhausted:
             granted = await self._grant(self.slice_tokens * self._token_usd)
@@ -116,6 +118,7 @@ class Meter:
                 self.allowance_tokens += more
         if output_tokens > self.allowance_tokens:
             raise self._refusal(before=False)
+        self.due = self.allowance_tokens if self.exhausted else self.allowance_tokens - ahead
 
     async def _grant(self, want_usd: float) -> float:
         granted = want_usd
@@ -365,6 +368,11 @@ class RelayHold:
     budgets: RelayBudgets
     pool: _Pool
     meter: Meter
+
+    @property
+    def due(self) -> float:
+        """`need` has nothing to do until the output passes this."""
+        return self.meter.due
 
     async def need(self, output_tokens: int) -> None:
         """Draw more from the pool as output arrives; stop the call when there is none."""

@@ -47,7 +47,7 @@ from bullpen.api.schemas.relay import (
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
 from bullpen.gateway.relay import DONE as _DONE
-from bullpen.gateway.relay import RelayAnswer, open_call, sse_frames, until_content
+from bullpen.gateway.relay import RelayAnswer, open_call, sse_frames, until_content, whole_answer
 from bullpen.gateway.router import Call
 
 router = APIRouter(prefix="/v1", tags=["relay"])
@@ -100,9 +100,7 @@ async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDe
     )
     try:
         if not body.stream:
-            async for batch in chunks:
-                for chunk in batch:
-                    answer.absorb(chunk)
+            await whole_answer(settle, answer, chunks)
             settle()
             return Response(
                 orjson.dumps(answer.completion(call)),

@@ -156,3 +156,31 @@ async def test_concurrent_relay_streams_never_pass_a_budget_by_more_than_a_slice
     assert after.spent_usd == pytest.approx(total)
     assert cap - SLICE * USD_PER_TOKEN <= total <= cap + 20 * SLICE * USD_PER_TOKEN, total
     assert (await _given_back(server, budget["id"])).spent_usd == pytest.approx(total)
+
+
+async def test_a_caller_gone_mid_stream_pays_for_what_streamed(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    """A caller that leaves after a few chunks is charged for them: closing the upstream counts
+    what streamed, and that usage reaches the ledger and the key's budget."""
+    await priced_provider(http, server)
+    key = await _key(http, server, "leaver")
+    budget = await make_budget(http, server, scope="api_key", api_key_id=key["id"], amount_usd=5.0)
+    seen = 0
+    async with http.post(
+        server.base_url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": MESSAGES, "stream": True},
+        headers={"Authorization": f"Bearer {key['key']}"},
+    ) as resp:
+        assert resp.status == 200
+        async for line in resp.content:
+            seen += line.startswith(b'data: {"id"')
+            if seen == 20:
+                break  # leaving the block drops the connection mid-stream
+    total, after = await _settled(server, key["id"], budget["id"], 1)
+    [row] = await rows(
+        server, sa.select(cost_events).where(cost_events.c.api_key_id == UUID(key["id"]))
+    )
+    assert 19 <= row.output_tokens < ANSWER, row.output_tokens
+    assert total == pytest.approx(row.cost_usd) and total > 0
+    assert after.spent_usd == pytest.approx(total)
