@@ -261,7 +261,7 @@ def _retry_after(value: str | None) -> float:
     return min(max(seconds, 0.0), _RETRY_AFTER_CAP_S) if math.isfinite(seconds) else 0.0
 
 
-def _read_cpu_s(pid: int) -> float | None:
+def read_cpu_s(pid: int) -> float | None:
     """User + system CPU seconds of process `pid` from /proc (None where there is no /proc)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -273,8 +273,8 @@ def _read_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _cpu_s(pid: int | None) -> float | None:
-    return None if pid is None else await asyncio.to_thread(_read_cpu_s, pid)
+async def process_cpu_s(pid: int | None) -> float | None:
+    return None if pid is None else await asyncio.to_thread(read_cpu_s, pid)
 
 
 async def run_create_load(
@@ -316,9 +316,9 @@ async def run_create_load(
         clients = [asyncio.create_task(load.client()) for _ in range(concurrency)]
         try:
             await asyncio.sleep(max(0.0, load.measure_from - time.perf_counter()))
-            server_cpu_from = await _cpu_s(server_pid)
+            server_cpu_from = await process_cpu_s(server_pid)
             await asyncio.sleep(max(0.0, load.until - time.perf_counter()))
-            server_cpu_until = await _cpu_s(server_pid)
+            server_cpu_until = await process_cpu_s(server_pid)
             # The clients stop on their own once their request in flight is answered.
             await asyncio.gather(*clients)
         finally:

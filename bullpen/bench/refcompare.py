@@ -1,16 +1,22 @@
-"""The reference scenario against a baseline revision: both servers, one after the other.
+"""The reference scenario on two servers, one after the other: this checkout against a
+baseline revision, or this checkout without tracing against the same code tracing.
 
 `run_reference_bench` starts a server on this checkout's code and one on an extracted
 revision (`extract_revision`; same interpreter, same backend kind, each with its own fresh
 database and its own simulator process), raises both agents' run caps to the peak, then runs
 the reference schedule (`run_load`, always this checkout's load generator) against each in
 turn: current, baseline, current, baseline… (`rounds` each), one server under load at a time.
+With `traced` the second server runs this checkout too, with OpenTelemetry tracing on and
+exporting every span over OTLP/HTTP to a receiver in the bench (`otlp_sink`); the first has
+it off.
 
 Per stage and server it keeps the medians over rounds of created/s, create p50/p99 and the
 TTFT Bullpen added p50/p99 (the client's time to first token minus the provider's own, which
 the server records on the run: `overhead_ms` of the reference report), and over all rounds the
 errors (summed), the database pool's peak saturation (PostgreSQL) and the server's peak RSS.
-The ratios current / baseline are of those figures.
+Over whole rounds it keeps the server process's CPU per completed task (median over rounds;
+the simulator's and the database's CPU are not in it). The ratios second / first server are
+of those figures.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from typing import Any
 import aiohttp
 from rich.table import Table
 
-from bullpen.bench.createload import ServerInfo
+from bullpen.bench.createload import ServerInfo, process_cpu_s
 from bullpen.bench.loadgen import run_load
+from bullpen.bench.otlpsink import OtlpSink, otlp_sink
 from bullpen.bench.report import (
     BenchResult,
     Snapshot,
@@ -85,6 +92,13 @@ class ReferenceRound:
     server: str
     index: int
     result: BenchResult
+    server_cpu_s: float | None = None  # the server process's CPU over the round
+
+    @property
+    def cpu_ms_per_task(self) -> float | None:
+        """Server CPU per task completed in the round."""
+        done = self.result.total.completed
+        return None if self.server_cpu_s is None or not done else 1000 * self.server_cpu_s / done
 
 
 @dataclass(frozen=True)
@@ -100,6 +114,7 @@ class ReferenceComparison:
     results: list[ReferenceRound]
     load_before: float | None = None
     load_after: float | None = None
+    exported: OtlpSink | None = None  # what the traced server exported (with `traced`)
 
     def _rows(self, server: str, stage: int) -> list[StageResult]:
         """`server`'s rows of stage `stage` (len(stages) is the total row), one per round."""
@@ -118,15 +133,20 @@ class ReferenceComparison:
         out["pool_saturation_max_pct"] = 100 * max(saturation) if saturation else None
         rss = [r.rss_max_bytes for r in rows if r.rss_max_bytes is not None]
         out["rss_max_mb"] = max(rss) / _MB if rss else None
+        out["cpu_ms_per_task"] = None
+        if stage == len(self.stages):  # measured over whole rounds only
+            out["cpu_ms_per_task"] = median_of(
+                [r.cpu_ms_per_task for r in self.results if r.server == server]
+            )
         return out
 
     def ratio(self, stage: int) -> dict[str, float | None] | None:
-        """Current / baseline of each figure of stage `stage` (None without a baseline)."""
-        if not any(s.name == "baseline" for s in self.servers):
+        """Second / first server of each figure of stage `stage` (None with one server)."""
+        if len(self.servers) < 2:
             return None
-        current, baseline = self.figures("current", stage), self.figures("baseline", stage)
-        keys = [*FIGURES, "pool_saturation_max_pct", "rss_max_mb"]
-        return {k: ratio(current[k], baseline[k]) for k in keys}
+        first, second = (self.figures(s.name, stage) for s in self.servers[:2])
+        keys = [*FIGURES, "pool_saturation_max_pct", "rss_max_mb", "cpu_ms_per_task"]
+        return {k: ratio(second[k], first[k]) for k in keys}
 
     def stage_names(self) -> list[str]:
         """Each stage's name, then `total`."""
@@ -157,10 +177,16 @@ class ReferenceComparison:
             "servers": [s.as_dict() for s in self.servers],
             "stages": compared,
             "results": [
-                {"round": r.index, "server": r.server, "report": to_json(r.result)}
+                {
+                    "round": r.index,
+                    "server": r.server,
+                    "server_cpu_s": round_or_none(r.server_cpu_s),
+                    "report": to_json(r.result),
+                }
                 for r in self.results
             ],
             "errors_total": self.errors_total,
+            "exported": None if self.exported is None else self.exported.as_dict(),
             "machine": {
                 "cpus": os.cpu_count(),
                 "load_1m_before": round_or_none(self.load_before),
@@ -172,7 +198,8 @@ class ReferenceComparison:
 async def run_reference_bench(
     backend: Backend,
     *,
-    baseline_ref: str,
+    baseline_ref: str | None = None,
+    traced: bool = False,
     stages: Sequence[Stage],
     think_s: float = 1.0,
     sim: SimPlacement = "process",
@@ -181,31 +208,43 @@ async def run_reference_bench(
     on_tick: Callable[[Snapshot], None] | None = None,
     on_round: Callable[[ReferenceRound], None] | None = None,
 ) -> ReferenceComparison:
-    """Start the current and the baseline server, run the schedule against each in turn."""
+    """Start the two servers (current and baseline, or untraced and traced), run the
+    schedule against each in turn."""
     if rounds < 1:
         raise ValueError("rounds must be >= 1")
     if not stages:
         raise ValueError("at least one stage is required")
+    if (baseline_ref is None) == (not traced):
+        raise ValueError("compare with a baseline revision or with tracing, one of the two")
     cap = max(s.target for s in stages)
     async with contextlib.AsyncExitStack() as stack:
-        tree = await stack.enter_async_context(extract_revision(baseline_ref))
         commit: str | None = None
         with contextlib.suppress(SpawnError):  # not a git checkout: measure all the same
             commit = await head_commit()
-        infos = [
-            ServerInfo("current", "working tree", commit),
-            ServerInfo("baseline", tree.ref, tree.commit),
-        ]
-        sources: list[SourceTree | None] = [None, tree]
+        sink: OtlpSink | None = None
+        if baseline_ref is not None:
+            tree = await stack.enter_async_context(extract_revision(baseline_ref))
+            infos = [
+                ServerInfo("current", "working tree", commit),
+                ServerInfo("baseline", tree.ref, tree.commit),
+            ]
+            sources: list[SourceTree | None] = [None, tree]
+            envs = [KEY_UNLIMITED, KEY_UNLIMITED]
+        else:
+            sink = await stack.enter_async_context(otlp_sink())
+            infos = [
+                ServerInfo("current", "working tree, tracing off", commit),
+                ServerInfo("traced", "working tree, tracing on, exporting", commit),
+            ]
+            sources = [None, None]
+            envs = [{**KEY_UNLIMITED, **_UNTRACED}, {**KEY_UNLIMITED, **_traced_env(sink)}]
         # Both start at once (imports and `init` take seconds); neither is under load yet.
         started = await asyncio.gather(
             *(
                 stack.enter_async_context(
-                    spawn_server(
-                        backend, pg_admin_url=pg_admin_url, sim=sim, env=KEY_UNLIMITED, source=src
-                    )
+                    spawn_server(backend, pg_admin_url=pg_admin_url, sim=sim, env=env, source=src)
                 )
-                for src in sources
+                for src, env in zip(sources, envs, strict=True)
             ),
             return_exceptions=True,
         )
@@ -221,6 +260,7 @@ async def run_reference_bench(
         load_before = load_1m()
         for index in range(1, rounds + 1):
             for info, server in servers:  # one server under load at a time
+                cpu_from = await process_cpu_s(server.pid)
                 result = await run_load(
                     server.base_url,
                     server.api_key,
@@ -229,7 +269,9 @@ async def run_reference_bench(
                     think_s=think_s,
                     on_tick=on_tick,
                 )
-                done = ReferenceRound(info.name, index, result)
+                cpu_until = await process_cpu_s(server.pid)
+                cpu = None if cpu_from is None or cpu_until is None else cpu_until - cpu_from
+                done = ReferenceRound(info.name, index, result, cpu)
                 results.append(done)
                 if on_round is not None:
                     on_round(done)
@@ -243,14 +285,33 @@ async def run_reference_bench(
             results=results,
             load_before=load_before,
             load_after=load_1m(),
+            exported=sink,
         )
 
 
+#: The untraced side: off whatever OTEL_* variables the bench itself was started with.
+_UNTRACED = {"OTEL_SDK_DISABLED": "true"}
+
+
+def _traced_env(sink: OtlpSink) -> dict[str, str]:
+    """The traced side: every span sampled and exported over OTLP/HTTP to `sink`."""
+    return {
+        "OTEL_SDK_DISABLED": "false",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": sink.url + "/v1/traces",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+        "OTEL_TRACES_SAMPLER": "always_on",
+        "OTEL_SERVICE_NAME": "bullpen-bench",
+    }
+
+
 def render_reference_table(c: ReferenceComparison) -> Table:
-    """Per stage: each server's figures and the ratios current / baseline."""
+    """Per stage: each server's figures and the ratios second / first server."""
+    versus = "traced vs untraced" if c.exported is not None else "vs baseline"
+    first, second = (s.name for s in c.servers[:2])
     table = Table(
         title=(
-            f"bullpen bench reference vs baseline — {c.backend}, simulator {c.sim}, "
+            f"bullpen bench reference {versus} — {c.backend}, simulator {c.sim}, "
             f"{c.rounds} round(s) per server"
         ),
         title_justify="left",
@@ -266,6 +327,7 @@ def render_reference_table(c: ReferenceComparison) -> Table:
         "errors",
         "DB pool\nmax",
         "RSS max\nMB",
+        "server CPU\nms/task",
     ):
         table.add_column(name, justify="right", overflow="fold")
     for i, stage in enumerate(c.stage_names()):
@@ -281,13 +343,14 @@ def render_reference_table(c: ReferenceComparison) -> Table:
                 str(f["errors_total"]),
                 _fmt(f["pool_saturation_max_pct"], 0, "%"),
                 _fmt(f["rss_max_mb"], 0),
+                _fmt(f["cpu_ms_per_task"], 2),
                 style="bold" if stage == "total" else None,
             )
         ratio = c.ratio(i)
         if ratio is not None:
             table.add_row(
                 "",
-                "current / baseline",
+                f"{second} / {first}",
                 _fmt(ratio["created_per_s"], 2),
                 _fmt(ratio["completed_per_s"], 2),
                 _pair(ratio["create_p50_ms"], ratio["create_p99_ms"], 2),
@@ -295,6 +358,7 @@ def render_reference_table(c: ReferenceComparison) -> Table:
                 "",
                 _fmt(ratio["pool_saturation_max_pct"], 2),
                 _fmt(ratio["rss_max_mb"], 2),
+                _fmt(ratio["cpu_ms_per_task"], 2),
                 style="italic",
             )
         table.add_section()
@@ -303,6 +367,12 @@ def render_reference_table(c: ReferenceComparison) -> Table:
         "figures are medians over rounds; errors summed; DB pool (PostgreSQL) and RSS at "
         "their peak over rounds"
     )
+    if c.exported is not None:
+        e = c.exported
+        lines.append(
+            f"the traced server exported {e.spans} spans in {e.requests} OTLP requests "
+            f"({e.bytes / _MB:.1f} MB); {e.refused} refused"
+        )
     if c.load_before is not None and c.load_after is not None:
         lines.append(
             f"load average {c.load_before:.2f} before, {c.load_after:.2f} after "

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import orjson
 
-from bullpen.bench.createload import _cpu_s
+from bullpen.bench.createload import process_cpu_s
 from bullpen.bench.report import percentile
 from bullpen.bench.spawn import UNLIMITED, SpawnError, free_port, spawn_server, stop_process
 from bullpen.gateway.http1 import Http1Pool, Response, Target, target_of
@@ -228,7 +228,7 @@ async def _cpu_total_s(pids: Sequence[int]) -> float | None:
     """The CPU seconds of these processes together; None without any (or if one is gone)."""
     total = 0.0
     for pid in pids:
-        cpu = await _cpu_s(pid)
+        cpu = await process_cpu_s(pid)
         if cpu is None:
             return None
         total += cpu

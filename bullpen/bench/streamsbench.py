@@ -27,7 +27,7 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
-from bullpen.bench.createload import _read_cpu_s
+from bullpen.bench.createload import read_cpu_s
 from bullpen.bench.loadgen import SSEParser
 from bullpen.bench.report import percentile
 from bullpen.bench.spawn import (
@@ -374,7 +374,7 @@ async def _measure(
     def cpu() -> dict[str, float]:
         import os
 
-        out = {k: _read_cpu_s(p) for k, p in pids.items() if p is not None}
+        out = {k: read_cpu_s(p) for k, p in pids.items() if p is not None}
         times = os.times()
         out["client"] = times.user + times.system
         return {k: v for k, v in out.items() if v is not None}

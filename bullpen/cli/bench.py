@@ -86,7 +86,8 @@ def bench(
     rounds: Annotated[
         int,
         typer.Option(
-            help="[reference with --baseline-ref, create, relay] Rounds per server (relay: per "
+            help="[reference with --baseline-ref or --tracing, create, relay] Rounds per server "
+            "(relay: per "
             "side and level). Default 3; 1 for the reference scenario (a round is ~3 min at "
             "--scale 1)."
         ),
@@ -140,6 +141,14 @@ def bench(
             "provider), side by side: what budgets cost per stream.",
         ),
     ] = False,
+    tracing: Annotated[
+        bool,
+        typer.Option(
+            "--tracing",
+            help="[reference] Run this code twice, side by side: tracing off, and tracing on "
+            "exporting every span over OTLP/HTTP to a receiver in the bench.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON, no progress bar.")] = False,
 ) -> None:
     """Load tests: the reference scenario (default), create throughput (--scenario create),
@@ -160,6 +169,7 @@ def bench(
             "sim",
             "baseline_ref",
             "rounds",
+            "tracing",
         ),
         "create": ("baseline_ref", "floor", "concurrency", "duration", "warmup", "rounds"),
         "queue": ("runs", "workers", "samples", "wake_runs"),
@@ -246,13 +256,17 @@ def bench(
             as_json=as_json,
         )
         return
-    if baseline_ref is not None:
+    if tracing and baseline_ref is not None:
+        raise typer.BadParameter("--tracing compares this code with itself: no --baseline-ref")
+    if baseline_ref is not None or tracing:
         if url is not None:
-            raise typer.BadParameter("--baseline-ref starts both servers: it cannot use --url")
+            which = "--tracing" if tracing else "--baseline-ref"
+            raise typer.BadParameter(f"{which} starts both servers: it cannot use --url")
         bench_reference_compare(
             backend,
             pg_url=pg_url,
             baseline_ref=baseline_ref,
+            tracing=tracing,
             rounds=rounds if given("rounds") else 1,
             scale=scale,
             peak=peak,
@@ -263,7 +277,9 @@ def bench(
         )
         return
     if given("rounds"):
-        raise typer.BadParameter("--rounds applies to the reference scenario with --baseline-ref")
+        raise typer.BadParameter(
+            "--rounds applies to the reference scenario with --baseline-ref or --tracing"
+        )
     bench_reference(
         backend,
         pg_url=pg_url,
@@ -351,7 +367,8 @@ def bench_reference_compare(
     backend: str,
     *,
     pg_url: str,
-    baseline_ref: str,
+    baseline_ref: str | None,
+    tracing: bool,
     rounds: int,
     scale: float,
     peak: int,
@@ -360,7 +377,8 @@ def bench_reference_compare(
     sim: str,
     as_json: bool,
 ) -> None:
-    """`bullpen bench --baseline-ref REV`: the reference scenario on this code and on REV."""
+    """`bullpen bench --baseline-ref REV`: the reference scenario on this code and on REV;
+    `--tracing`: on this code without tracing and with it."""
     from bullpen.bench.refcompare import (
         ReferenceRound,
         render_reference_table,
@@ -373,7 +391,7 @@ def bench_reference_compare(
         raise typer.BadParameter("--sim must be process or inprocess")
     if think < 0 or peak < 1 or hold < 1 or rounds < 1:
         raise typer.BadParameter("--think must be >= 0; --peak, --hold and --rounds >= 1")
-    if not baseline_ref or baseline_ref.startswith("-"):
+    if baseline_ref is not None and (not baseline_ref or baseline_ref.startswith("-")):
         raise typer.BadParameter("--baseline-ref must name a git revision")
     try:
         stages = default_stages(scale=scale, peak=peak, hold=hold)
@@ -400,6 +418,7 @@ def bench_reference_compare(
         run_reference_bench(
             backend,  # type: ignore[arg-type]
             baseline_ref=baseline_ref,
+            traced=tracing,
             stages=stages,
             think_s=think,
             sim=sim,  # type: ignore[arg-type]

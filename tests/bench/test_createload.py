@@ -209,6 +209,8 @@ def test_baseline_ref_head_runs_both_servers_alternately() -> None:
             "--baseline-ref starts both servers: it cannot use --url",
         ),
         (["--scenario", "queue", "--baseline-ref", "HEAD"], "applies to --scenario reference or"),
+        (["--tracing", "--baseline-ref", "HEAD"], "--tracing compares this code with itself"),
+        (["--scenario", "relay", "--tracing"], "--tracing applies to --scenario reference only"),
         (["--floor"], "--floor applies to --scenario create only"),
         (["--scenario", "queue", "--wake-runs", "1"], "--wake-runs must be 0"),
         (["--wake-runs", "5"], "--wake-runs applies to --scenario queue only"),
