@@ -56,9 +56,7 @@ async def test_percentiles_per_hour_match_linear_interpolation(store: Store) -> 
     await run_at(store, other, other_agent, NOW + timedelta(hours=1), 9999.0)
 
     async with store.read() as conn:
-        got = await latency.ttft_per_hour(
-            conn, ws, since=NOW, until=NOW + timedelta(hours=6)
-        )
+        got = await latency.ttft_per_hour(conn, ws, since=NOW, until=NOW + timedelta(hours=6))
 
     want = [
         {
