@@ -130,9 +130,7 @@ async def test_costs_page_charts_tables_budgets_and_latency(
         await priced_provider(http, server)
         alpha = await make_agent(http, server, "alpha", provider="priced")
         beta = await make_agent(http, server, "beta", provider="priced")
-        whole = await make_budget(
-            http, server, scope="workspace", amount_usd=5.0, warn_percent=50
-        )
+        whole = await make_budget(http, server, scope="workspace", amount_usd=5.0, warn_percent=50)
         capped = await make_budget(
             http,
             server,
@@ -163,6 +161,18 @@ async def test_costs_page_charts_tables_budgets_and_latency(
             (today - timedelta(days=29)).isoformat()
         )
         await charts_drawn(page, "light")
+        # The page's JavaScript and CSS stay within 150 KB uncompressed (docs/web-ui.md).
+        sizes = await page.evaluate(
+            "performance.getEntriesByType('resource')"
+            ".filter((r) => /[.](js|css)$/.test(new URL(r.name).pathname))"
+            ".map((r) => [new URL(r.name).pathname, r.decodedBodySize])"
+        )
+        assert {path for path, _ in sizes} >= {
+            "/static/vendor/uplot/uPlot.iife.min.js",
+            "/static/vendor/uplot/uPlot.min.css",
+            "/static/costs.js",
+        }
+        assert 0 < sum(size for _, size in sizes) <= 150_000, sizes
         await check_tables(page, http, server, "agent")
         spend = await page.evaluate(_ROWS, "#spend-table")
         assert {r[3] for r in spend} == {"alpha", "beta"}  # agents by name
