@@ -23,6 +23,7 @@ from bullpen.store import api_keys as key_store
 from bullpen.store import audit
 from bullpen.store import budgets as budget_store
 from bullpen.store import costs as cost_store
+from bullpen.store import latency as latency_store
 from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection, Store
 
@@ -184,6 +185,19 @@ class BudgetService:
                 until=until,
                 group_by=group_by,
                 by_day=interval == "day",
+            )
+
+    async def latency(
+        self, principal: Principal, *, since: datetime, until: datetime
+    ) -> Sequence[dict[str, Any]]:
+        """Time to first token of the runs started in [since, until): p50 and p95 per UTC
+        hour, computed by the database."""
+        need(principal, Permission.COSTS_READ)
+        if until <= since:
+            return []
+        async with self._store.read() as conn:
+            return await latency_store.ttft_per_hour(
+                conn, principal.workspace_id, since=since, until=until
             )
 
     async def _budget(

@@ -134,8 +134,11 @@ async def list_events(
     action: str | None = None,
     target_id: UUID | None = None,
     actor_id: UUID | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> Page[AuditEventRecord]:
-    """A page of the workspace's audit events (None: the instance's), newest first."""
+    """A page of the workspace's audit events (None: the instance's), newest first; `since`
+    inclusive, `until` exclusive."""
     c = audit_events.c
     scope = c.workspace_id.is_(None) if workspace_id is None else c.workspace_id == workspace_id
     query = sa.select(audit_events).where(scope)
@@ -145,6 +148,10 @@ async def list_events(
         query = query.where(c.target_id == target_id)
     if actor_id is not None:
         query = query.where(c.actor_id == actor_id)
+    if since is not None:
+        query = query.where(c.created_at >= since)
+    if until is not None:
+        query = query.where(c.created_at < until)
     page = await keyset(
         conn, query, c.created_at, c.id, limit=limit, after=after, newest_first=True
     )

@@ -1,0 +1,238 @@
+"""The dashboard's costs page: spend and tokens per UTC day by agent, model or provider, every
+budget's progress this period, and time to first token (p50, p95) per hour.
+
+The figures come from the services behind `/api/v1/costs` and `/api/v1/budgets` (the database
+aggregates; this module only lays the rows out). Each chart's data is a JSON data block that
+`costs.js` draws with uPlot; the same rows are tables beside the charts, which is what a
+screen reader or a browser without JavaScript gets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from bullpen.api.deps import ServicesDep
+from bullpen.api.routes.ui import Found, message, page, page_session
+from bullpen.app import Services
+from bullpen.domain.budgets import BudgetRecord, BudgetScope
+from bullpen.errors import BullpenError, Forbidden, InvalidInput
+
+router = APIRouter(include_in_schema=False)
+
+SECTION = "costs"
+GROUPS = {"agent": "Agent", "model": "Model", "provider": "Provider"}
+DEFAULT_DAYS = 30  # the range shown without one: the last 30 UTC days, today included
+MAX_DAYS = 366  # the longest range one page shows
+CHART_SERIES = 10  # groups drawn in a chart (the largest spenders); the tables list all
+NO_AGENT = "relay calls (no agent)"
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """The page's UTC days, first and last included."""
+
+    first: date
+    last: date
+
+    @property
+    def since(self) -> datetime:
+        """The range's start, as the costs service takes it (inclusive)."""
+        return datetime(self.first.year, self.first.month, self.first.day, tzinfo=UTC)
+
+    @property
+    def until(self) -> datetime:
+        """The range's end, as the costs service takes it (exclusive): after the last day."""
+        return datetime(self.last.year, self.last.month, self.last.day, tzinfo=UTC) + timedelta(
+            days=1
+        )
+
+    @property
+    def days(self) -> list[date]:
+        """Every day of the range."""
+        return [self.first + timedelta(days=n) for n in range((self.last - self.first).days + 1)]
+
+
+def _day(value: str, field: str) -> date:
+    try:
+        return date.fromisoformat(value.strip())
+    except ValueError:
+        raise InvalidInput(f"{field}: not a date (YYYY-MM-DD)") from None
+
+
+def parse_range(since: str, until: str, today: date) -> Range:
+    """The range a form asked for; empty fields are the last `DEFAULT_DAYS` days to today."""
+    last = _day(until, "until") if until.strip() else today
+    first = _day(since, "since") if since.strip() else last - timedelta(days=DEFAULT_DAYS - 1)
+    if first > last:
+        raise InvalidInput("since: must not be after until")
+    if (last - first).days + 1 > MAX_DAYS:
+        raise InvalidInput(f"since: a range of at most {MAX_DAYS} days")
+    return Range(first, last)
+
+
+def _label(group: str, key: str | None, agent_names: Mapping[str, str]) -> str:
+    if group == "agent":
+        return NO_AGENT if key is None else agent_names.get(key, key)
+    return key or "—"
+
+
+def _epoch(day: date) -> int:
+    return int(datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp())
+
+
+def chart_data(
+    group: str,
+    days: list[date],
+    series: Sequence[Mapping[str, Any]],
+    totals: Sequence[Mapping[str, Any]],
+    latency: Sequence[Mapping[str, Any]],
+    agent_names: Mapping[str, str],
+) -> dict[str, Any]:
+    """What `costs.js` draws: per group a value per day (0 on a day without calls) for the
+    largest spenders, and the latency points, with x as Unix seconds."""
+    at = {day.isoformat(): i for i, day in enumerate(days)}
+    biggest = sorted(totals, key=lambda row: -row["cost_usd"])[:CHART_SERIES]
+    drawn: dict[str | None, dict[str, Any]] = {
+        row["key"]: {
+            "label": _label(group, row["key"], agent_names),
+            "cost": [0.0] * len(days),
+            "tokens": [0] * len(days),
+        }
+        for row in biggest
+    }
+    for row in series:
+        line = drawn.get(row["key"])
+        if line is not None and row["day"] in at:
+            i = at[row["day"]]
+            line["cost"][i] = row["cost_usd"]
+            line["tokens"][i] = row["input_tokens"] + row["output_tokens"]
+    hours = [datetime.fromisoformat(row["hour"]).replace(tzinfo=UTC) for row in latency]
+    return {
+        "since": _epoch(days[0]),
+        "until": _epoch(days[-1] + timedelta(days=1)),
+        "days": [_epoch(day) for day in days],
+        "series": list(drawn.values()),
+        "latency": {
+            "x": [int(h.timestamp()) for h in hours],
+            "p50": [row["p50_ms"] for row in latency],
+            "p95": [row["p95_ms"] for row in latency],
+        },
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetBar:
+    """A budget as the page draws it: the percentages of its amount that are spent and
+    reserved (the bar), and where its warning threshold sits."""
+
+    budget: BudgetRecord
+    label: str
+    href: str | None
+    spent_pct: float
+    reserved_pct: float
+
+    @classmethod
+    def of(cls, budget: BudgetRecord, agent_names: Mapping[str, str]) -> BudgetBar:
+        """The bar of one budget (amounts are always positive)."""
+        spent = min(100.0, 100.0 * budget.spent_usd / budget.amount_usd)
+        reserved = min(100.0 - spent, 100.0 * budget.reserved_usd / budget.amount_usd)
+        label, href = _target(budget, agent_names)
+        return cls(budget, label, href, round(spent, 3), round(reserved, 3))
+
+
+def _target(budget: BudgetRecord, agent_names: Mapping[str, str]) -> tuple[str, str | None]:
+    if budget.scope is BudgetScope.AGENT and budget.agent_id is not None:
+        name = agent_names.get(str(budget.agent_id), str(budget.agent_id))
+        return f"Agent {name}", f"/agents/{budget.agent_id}"
+    if budget.scope is BudgetScope.TASK and budget.task_id is not None:
+        return "Task tree", f"/tasks/{budget.task_id}"
+    if budget.scope is BudgetScope.API_KEY and budget.api_key_id is not None:
+        return f"API key {str(budget.api_key_id)[:8]}…", None
+    return "Workspace", None
+
+
+async def _agent_names(svc: Services, found: Found) -> dict[str, str]:
+    try:
+        return {str(a.id): a.name for a in await svc.agents.list(found[1].principal)}
+    except Forbidden:  # a caller that may read costs but not agents: ids stand for names
+        return {}
+
+
+@router.get("/costs", response_class=HTMLResponse, response_model=None)
+async def costs_page(
+    request: Request, svc: ServicesDep, group: str = "agent", since: str = "", until: str = ""
+) -> Response:
+    """Spend and tokens per day by a grouping, budgets, and time to first token per hour."""
+    found = await page_session(request, svc)
+    if found is None:
+        return RedirectResponse("/login", status_code=303)
+    principal = found[1].principal
+    form = {"group": group, "since": since, "until": until}
+    try:
+        if group not in GROUPS:
+            raise InvalidInput(f"group: one of {', '.join(GROUPS)}")
+        span = parse_range(since, until, svc.clock().astimezone(UTC).date())
+    except InvalidInput as err:
+        return await _page(request, svc, found, form, status=err.status, error=err.detail)
+    form.update(since=span.first.isoformat(), until=span.last.isoformat())
+    try:
+        series = await svc.budgets.costs(
+            principal, since=span.since, until=span.until, group_by=group, interval="day"
+        )
+        totals = await svc.budgets.costs(
+            principal, since=span.since, until=span.until, group_by=group, interval=None
+        )
+        latency = await svc.budgets.latency(principal, since=span.since, until=span.until)
+        budgets = await svc.budgets.list(principal)
+    except InvalidInput as err:  # too many groups for one answer: the form says so
+        return await _page(request, svc, found, form, status=err.status, error=err.detail)
+    except BullpenError as err:
+        return await message(request, svc, found, err, section=SECTION)
+    names = await _agent_names(svc, found)
+    label = {row["key"]: _label(group, row["key"], names) for row in totals}
+    return await _page(
+        request,
+        svc,
+        found,
+        form,
+        span=span,
+        series=series,
+        totals=sorted(totals, key=lambda row: -row["cost_usd"]),
+        latency=latency,
+        label=label,
+        bars=[BudgetBar.of(b, names) for b in budgets],
+        charts=chart_data(group, span.days, series, totals, latency, names),
+        chart_series=CHART_SERIES,
+    )
+
+
+async def _page(
+    request: Request,
+    svc: Services,
+    found: Found,
+    form: dict[str, str],
+    *,
+    status: int = 200,
+    error: str | None = None,
+    **figures: Any,
+) -> HTMLResponse:
+    return await page(
+        request,
+        svc,
+        found,
+        "costs.html",
+        section=SECTION,
+        status=status,
+        error=error,
+        form=form,
+        groups=GROUPS,
+        max_days=MAX_DAYS,
+        utc=UTC,
+        **figures,
+    )

@@ -1,0 +1,38 @@
+"""The dashboard's browser tests' common steps: signing in through the form, and checking that
+a page obeyed its CSP, ran without errors and has no serious accessibility violation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from playwright.async_api import Browser, BrowserContext, Page, expect
+
+from tests.support.axe import grave_violations
+from tests.support.browser import CSP_PROBE, TIMEOUT_MS, PageErrors
+
+
+async def sign_in(page: Page, server: Any, email: str = "", password: str = "") -> None:
+    """Sign in (the bootstrap admin by default) and land on the task list."""
+    await page.goto("/login")
+    await page.get_by_label("Email").fill(email or server.boot.email)
+    await page.get_by_label("Password").fill(password or server.boot.password)
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page).to_have_url(f"{server.base_url}/")
+
+
+async def clean(page: Page, errors: PageErrors) -> None:
+    """The page obeyed its CSP, ran without errors, and axe finds nothing serious."""
+    assert await page.evaluate("window.__cspViolations") == []
+    # Chromium logs a deliberately refused request (422, 403) as a failed resource load.
+    refused = ("status of 422", "status of 403")
+    assert [m for m in errors.console if not any(r in m for r in refused)] == []
+    assert errors.uncaught == []
+    assert await grave_violations(page) == []
+
+
+async def without_javascript(browser: Browser, server: Any) -> BrowserContext:
+    """A cookie jar whose pages run no script (the caller closes it)."""
+    ctx = await browser.new_context(base_url=server.base_url, java_script_enabled=False)
+    ctx.set_default_timeout(TIMEOUT_MS)
+    await ctx.add_init_script(CSP_PROBE)
+    return ctx
