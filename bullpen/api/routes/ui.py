@@ -123,11 +123,8 @@ async def page(
     the caller's role may do (`can`), for the template to show only that; the server refuses
     the rest whatever the page shows."""
     session_id, who = found
-    workspaces = (
-        []
-        if who.principal.workspace_id == NO_WORKSPACE
-        else await svc.workspaces.mine(who.principal)
-    )
+    # A user in no workspace yet is offered those it has joined since (an invitation accepted).
+    workspaces = await svc.workspaces.mine(who.principal)
     return render(
         request,
         name,
@@ -290,7 +287,7 @@ async def switch_workspace(
         entry = await svc.workspaces.membership(who.principal, target)
     except (ValueError, BullpenError):
         return await message(request, svc, found, NotFound("No such workspace."), section="")
-    await svc.auth.switch_workspace(session_id, entry.id)
+    await svc.auth.switch_workspace(session_id, who.principal, entry.id)
     return RedirectResponse("/", status_code=303)
 
 
@@ -316,7 +313,7 @@ async def _account(
         svc,
         found,
         "account.html",
-        section="account",
+        section="settings",
         status=status,
         error=error,
         password_min=PASSWORD_MIN,
