@@ -224,7 +224,10 @@ async def test_api_keys_are_shown_once_listed_by_hint_and_refused_once_revoked(
     field = page.get_by_role("textbox", name="New API key")
     await expect(field).to_have_value(re.compile(r"^bp_"))
     key = await field.input_value()
-    await expect(page.get_by_role("button", name="Copy")).to_be_visible()
+    await page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    await page.get_by_role("button", name="Copy").click()
+    await expect(page.locator("#copy-status")).to_have_text("Copied.")
+    assert await page.evaluate("navigator.clipboard.readText()") == key
     await clean(page, page_errors, 422)
 
     async with aiohttp.ClientSession() as http:

@@ -23,7 +23,6 @@ from bullpen.api.deps import (
 from bullpen.app import Services
 from bullpen.domain import tokens
 from bullpen.domain.access import Permission
-from bullpen.domain.principal import NO_WORKSPACE
 from bullpen.errors import (
     BullpenError,
     Forbidden,
