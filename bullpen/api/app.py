@@ -44,6 +44,7 @@ from bullpen.api.routes import (
     ui_approvals,
     ui_audit,
     ui_costs,
+    ui_settings,
     ui_tasks,
     users,
     workspaces,
@@ -167,9 +168,14 @@ def create_app(settings: Settings, *, span_exporter: SpanExporter | None = None)
         _document_access(router)
         app.include_router(router)
     app.include_router(ui.router)
-    for page_router in (ui_tasks.router, ui_agents.router, ui_approvals.router):
-        app.include_router(page_router)
-    for page_router in (ui_costs.router, ui_audit.router):  # issue 23: costs, audit log
+    for page_router in (
+        ui_tasks.router,
+        ui_agents.router,
+        ui_approvals.router,
+        ui_settings.router,
+        ui_costs.router,
+        ui_audit.router,
+    ):
         app.include_router(page_router)
     # An ASGI app as the endpoint: every method reaches it (it answers 405 itself).
     app.router.routes.append(Route(MCP_PATH, mcp, include_in_schema=False))

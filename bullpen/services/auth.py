@@ -15,7 +15,7 @@ from bullpen.domain.principal import NO_WORKSPACE, Principal, Role
 from bullpen.errors import RateLimited, Unauthenticated, Unavailable
 from bullpen.security.passwords import HashCost, PasswordPool
 from bullpen.security.ratelimit import FailureWindow
-from bullpen.store import identity
+from bullpen.store import audit, identity
 from bullpen.store.base import Store
 
 _KEY_CACHE_MAX = 10_000
@@ -146,15 +146,33 @@ class AuthService:
         )
         return SessionPrincipal(principal, record.email)
 
-    async def switch_workspace(self, session_id: str, workspace_id: UUID) -> None:
+    async def switch_workspace(
+        self, session_id: str, principal: Principal, workspace_id: UUID
+    ) -> None:
         """Make the session act in another workspace of its user (issue 19, finding 10).
 
-        The caller checked the membership; every later request checks it again.
+        The caller checked the membership; every later request checks it again. A move is
+        audited in the workspace entered, with the one left (staying put records nothing).
         """
+        if workspace_id == principal.workspace_id:
+            return
+        left = principal.workspace_id
         async with self._store.write() as conn:
-            await identity.set_session_workspace(
+            moved = await identity.set_session_workspace(
                 conn, tokens.digest(self._secret, session_id), workspace_id
             )
+            if moved:
+                await audit.record(
+                    conn,
+                    workspace_id=workspace_id,
+                    actor_type=principal.actor_type,
+                    actor_id=principal.actor_id,
+                    action="session.switch_workspace",
+                    target_type="workspace",
+                    target_id=workspace_id,
+                    now=self._clock(),
+                    data={"from_workspace_id": None if left == NO_WORKSPACE else str(left)},
+                )
 
     async def sign_in(self, email: str, password: str, *, client: str) -> str:
         """Check a password and open a new session; returns the session id for the cookie.

@@ -43,6 +43,7 @@ _MEMBER = sa.select(
     memberships.c.role,
     memberships.c.created_at,
     memberships.c.approver,
+    users.c.disabled_at,
 ).select_from(memberships.join(users, users.c.id == memberships.c.user_id))
 
 # Children first: tasks and runs reference agents without ON DELETE, and a run's events must

@@ -182,6 +182,7 @@ async def test_password_change_signs_out_and_the_new_password_works(
 ) -> None:
     """Account page: change the password, land signed out, sign in with the new one."""
     await sign_in_as_admin(page, server)
+    await page.get_by_role("link", name="Settings").click()
     await page.get_by_role("link", name="Account").click()
     await expect(page).to_have_url(f"{server.base_url}/account")
 

@@ -40,5 +40,5 @@ async def switch_workspace(
     entry = await svc.workspaces.membership(principal, body.workspace_id)
     session_id = request.cookies.get(session_cookie_name(request))
     if principal.via == "session" and session_id:
-        await svc.auth.switch_workspace(session_id, entry.id)
+        await svc.auth.switch_workspace(session_id, principal, entry.id)
     return WorkspaceMembership.from_membership(entry)

@@ -23,7 +23,6 @@ from bullpen.api.deps import (
 from bullpen.app import Services
 from bullpen.domain import tokens
 from bullpen.domain.access import Permission
-from bullpen.domain.principal import NO_WORKSPACE
 from bullpen.errors import (
     BullpenError,
     Forbidden,
@@ -123,11 +122,8 @@ async def page(
     the caller's role may do (`can`), for the template to show only that; the server refuses
     the rest whatever the page shows."""
     session_id, who = found
-    workspaces = (
-        []
-        if who.principal.workspace_id == NO_WORKSPACE
-        else await svc.workspaces.mine(who.principal)
-    )
+    # A user in no workspace yet is offered those it has joined since (an invitation accepted).
+    workspaces = await svc.workspaces.mine(who.principal)
     return render(
         request,
         name,
@@ -290,7 +286,7 @@ async def switch_workspace(
         entry = await svc.workspaces.membership(who.principal, target)
     except (ValueError, BullpenError):
         return await message(request, svc, found, NotFound("No such workspace."), section="")
-    await svc.auth.switch_workspace(session_id, entry.id)
+    await svc.auth.switch_workspace(session_id, who.principal, entry.id)
     return RedirectResponse("/", status_code=303)
 
 
@@ -316,7 +312,7 @@ async def _account(
         svc,
         found,
         "account.html",
-        section="account",
+        section="settings",
         status=status,
         error=error,
         password_min=PASSWORD_MIN,

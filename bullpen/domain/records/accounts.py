@@ -75,6 +75,7 @@ class MemberRecord:
     role: Role
     created_at: datetime
     approver: bool = False  # may decide approvals (owners and admins always may)
+    disabled_at: datetime | None = None  # the user's account is disabled (instance-wide)
 
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:

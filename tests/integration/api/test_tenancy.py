@@ -97,6 +97,8 @@ async def test_a_workspace_made_through_the_api_is_reachable_by_switching(
     assert switched.status == 200, switched.body
     assert switched.body["id"] == research and switched.body["role"] == "owner"
     assert switched.body["current"] is True
+    (moved,) = await audits(server, "session.switch_workspace")  # audited where it entered
+    assert (str(moved.workspace_id), moved.data) == (research, {"from_workspace_id": default})
     mine = (await as_(client, server, admin, "GET", "/api/v1/workspaces")).body["items"]
     assert [(w["slug"], w["current"]) for w in mine] == [("default", False), ("research", True)]
     assert (await as_(client, server, admin, "GET", f"/api/v1/workspaces/{research}")).status == 200

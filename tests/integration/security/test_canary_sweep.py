@@ -84,6 +84,12 @@ async def test_no_secret_reaches_any_sink(
     bearer = {"Authorization": f"Bearer {key}"}
     await api("GET", "/api/v1/api-keys", **bearer)
     await api("GET", f"/api/v1/api-keys/{made.body['id']}", **bearer)
+    # The dashboard's settings list the key (its hint only) and the members.
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as browser:
+        for path in ("/settings/api-keys", "/settings/members", "/settings/invitations"):
+            async with browser.get(server.base_url + path, headers=cookie) as resp:
+                assert resp.status == 200
+                seen.append(f"{resp.status} {dict(resp.headers)} {await resp.text()}")
     relay = {"model": "simulated/sim-1", "messages": [{"role": "user", "content": "hello"}]}
     await api("POST", "/v1/chat/completions", relay, **bearer)
     await api("POST", "/v1/chat/completions", {**relay, "model": "nowhere/m"}, **bearer)
