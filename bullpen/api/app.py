@@ -42,6 +42,7 @@ from bullpen.api.routes import (
     ui,
     ui_agents,
     ui_approvals,
+    ui_providers,
     ui_tasks,
     users,
     workspaces,
@@ -165,7 +166,12 @@ def create_app(settings: Settings, *, span_exporter: SpanExporter | None = None)
         _document_access(router)
         app.include_router(router)
     app.include_router(ui.router)
-    for page_router in (ui_tasks.router, ui_agents.router, ui_approvals.router):
+    for page_router in (
+        ui_tasks.router,
+        ui_agents.router,
+        ui_approvals.router,
+        ui_providers.router,
+    ):
         app.include_router(page_router)
     # An ASGI app as the endpoint: every method reaches it (it answers 405 itself).
     app.router.routes.append(Route(MCP_PATH, mcp, include_in_schema=False))
