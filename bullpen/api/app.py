@@ -43,6 +43,7 @@ from bullpen.api.routes import (
     ui_agents,
     ui_approvals,
     ui_providers,
+    ui_routines,
     ui_tasks,
     users,
     workspaces,
@@ -171,6 +172,7 @@ def create_app(settings: Settings, *, span_exporter: SpanExporter | None = None)
         ui_agents.router,
         ui_approvals.router,
         ui_providers.router,
+        ui_routines.router,
     ):
         app.include_router(page_router)
     # An ASGI app as the endpoint: every method reaches it (it answers 405 itself).

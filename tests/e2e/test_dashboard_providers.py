@@ -99,10 +99,14 @@ async def test_providers_page_adds_checks_edits_routes_and_shows_breakers(
     # Check both: one answers, one fails with its reason.
     await good.get_by_role("button", name="Check good").click()
     result = page.locator(".check-result")
-    await expect(result).to_contain_text(re.compile(r"Check of good: OK\. sim-1 answered in \d+ ms"))
-    await page.locator('#providers tr[data-provider="flaky"]').get_by_role(
-        "button", name="Check flaky"
-    ).click()
+    await expect(result).to_contain_text(
+        re.compile(r"Check of good: OK\. sim-1 answered in \d+ ms")
+    )
+    await (
+        page.locator('#providers tr[data-provider="flaky"]')
+        .get_by_role("button", name="Check flaky")
+        .click()
+    )
     await expect(page.get_by_role("alert")).to_contain_text(
         "Check of flaky failed (502 provider, reason http-503)"
     )
@@ -121,7 +125,12 @@ async def test_providers_page_adds_checks_edits_routes_and_shows_breakers(
     async with aiohttp.ClientSession() as http:
         listed = {p["name"]: p for p in (await api(http, server, "/providers"))["items"]}
         assert listed["good"]["models"] == [
-            {"name": "sim-1", "input_per_mtok": 2.0, "cached_input_per_mtok": 1.0, "output_per_mtok": 8.0}
+            {
+                "name": "sim-1",
+                "input_per_mtok": 2.0,
+                "cached_input_per_mtok": 1.0,
+                "output_per_mtok": 8.0,
+            }
         ]
         assert listed["good"]["timeouts"]["ttft_s"] == 7.0
         assert listed["good"]["timeouts"]["connect_s"] == 3.0
@@ -153,7 +162,9 @@ async def test_providers_page_adds_checks_edits_routes_and_shows_breakers(
     await page.goto("/providers")
     flaky = page.locator('#providers tr[data-provider="flaky"] .breaker')
     await expect(flaky.locator(".status")).to_have_text("open")
-    await expect(flaky).to_contain_text(re.compile(r"since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, skipped until"))
+    await expect(flaky).to_contain_text(
+        re.compile(r"since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, skipped until")
+    )
     good_breaker = page.locator('#providers tr[data-provider="good"] .breaker')
     await expect(good_breaker.locator(".status")).to_have_text("closed")
     await clean(page, page_errors)
@@ -178,7 +189,9 @@ async def test_providers_page_adds_checks_edits_routes_and_shows_breakers(
         tab = await ctx.new_page()
         await sign_in(tab, server, "viewer@example.com", PASSWORD)
         await tab.goto("/providers")
-        await expect(tab.locator('#providers tr[data-provider="flaky"] .status')).to_have_text("open")
+        await expect(tab.locator('#providers tr[data-provider="flaky"] .status')).to_have_text(
+            "open"
+        )
         await expect(chain_of(tab, "smart")).to_have_text(["flaky/sim-1@503", "good/sim-1"])
         assert await tab.locator("main form").count() == 0
         await expect(tab.get_by_role("button", name=re.compile("Check|Move|Add"))).to_have_count(0)

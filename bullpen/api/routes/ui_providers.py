@@ -134,9 +134,7 @@ def breakers_of(svc: Services, keys: list[str]) -> dict[str, BreakerShown]:
         until = None
         if view.state is BreakerState.OPEN:
             until = since + timedelta(seconds=breakers.policy.cooldown_s)
-        out[key] = BreakerShown(
-            _STATE_NAMES[view.state], since, view.failures, view.probing, until
-        )
+        out[key] = BreakerShown(_STATE_NAMES[view.state], since, view.failures, view.probing, until)
     return out
 
 
@@ -228,9 +226,7 @@ async def create_provider(request: Request, svc: ServicesDep) -> Response:
         return await _providers(request, svc, found, status=422, error=error, form=kept)
     except BullpenError as err:
         await refused(request, err)
-        return await _providers(
-            request, svc, found, status=err.status, error=err.detail, form=kept
-        )
+        return await _providers(request, svc, found, status=err.status, error=err.detail, form=kept)
     return RedirectResponse("/providers", status_code=303)
 
 
@@ -305,9 +301,7 @@ async def update_provider(provider_id: UUID, request: Request, svc: ServicesDep)
         await svc.gateway_config.update_provider(found[1].principal, provider_id, changes)
     except ValidationError as err:
         error = _validation_message(err)
-        return await _provider(
-            request, svc, found, provider_id, status=422, error=error, form=kept
-        )
+        return await _provider(request, svc, found, provider_id, status=422, error=error, form=kept)
     except BullpenError as err:
         await refused(request, err)
         return await _provider(
@@ -389,7 +383,9 @@ async def create_route(request: Request, svc: ServicesDep) -> Response:
     kept["new_route"] = "1"
     chain = [link_of(line) for line in form.get("chain", "").splitlines() if line.strip()]
     try:
-        body = RouteCreate.model_validate({"name": form.get("route_name", "").strip(), "chain": chain})
+        body = RouteCreate.model_validate(
+            {"name": form.get("route_name", "").strip(), "chain": chain}
+        )
         await svc.gateway_config.create_route(
             found[1].principal, name=body.name, chain=[c.model_dump() for c in body.chain]
         )
@@ -398,9 +394,7 @@ async def create_route(request: Request, svc: ServicesDep) -> Response:
         return await _providers(request, svc, found, status=422, error=error, form=kept)
     except BullpenError as err:
         await refused(request, err)
-        return await _providers(
-            request, svc, found, status=err.status, error=err.detail, form=kept
-        )
+        return await _providers(request, svc, found, status=err.status, error=err.detail, form=kept)
     return RedirectResponse("/providers#routes", status_code=303)
 
 
@@ -421,7 +415,9 @@ async def _change_route(
     return RedirectResponse(f"/providers#route-{route_id}", status_code=303)
 
 
-async def _chain(svc: Services, found: Found, route_id: UUID, index: int, expect: str) -> list[dict[str, str]]:
+async def _chain(
+    svc: Services, found: Found, route_id: UUID, index: int, expect: str
+) -> list[dict[str, str]]:
     """The route's chain now, refused if link `index` is no longer what the page showed."""
     route = await svc.gateway_config.get_route(found[1].principal, route_id)
     chain = [dict(link) for link in route.chain]
@@ -452,7 +448,9 @@ async def move_link(
         chain = await _chain(svc, found, route_id, index, link)
         other = index - 1 if direction == "up" else index + 1
         if not 0 <= other < len(chain):
-            raise InvalidInput(f"the link is already the {'first' if direction == 'up' else 'last'}")
+            raise InvalidInput(
+                f"the link is already the {'first' if direction == 'up' else 'last'}"
+            )
         chain[index], chain[other] = chain[other], chain[index]
     except BullpenError as err:
         await refused(request, err)
