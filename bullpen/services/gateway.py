@@ -31,7 +31,7 @@ from uuid import UUID
 from bullpen.domain.access import Permission, need
 from bullpen.domain.principal import Principal
 from bullpen.domain.records.gateway import ProviderRecord, RouteRecord
-from bullpen.errors import Conflict, InvalidInput, NotFound, RateLimited
+from bullpen.errors import Conflict, InvalidInput, ModelNotFound, NotFound, RateLimited
 from bullpen.gateway.catalog import Catalog, Price, Provider, Target, Timeouts
 from bullpen.gateway.check import CheckResult
 from bullpen.security.outbound import OutboundAllow, OutboundRefused, check_url
@@ -350,18 +350,17 @@ class GatewayConfig:
         async with self._store.read() as conn:
             row = await self._provider(conn, principal, provider_id)
         offered = [m["name"] for m in row.models]
+        # As a route's link: a model the provider does not list is not found (404).
         if model is None:
             if not offered:
-                message = "this provider lists no models: name the model to call"
-                raise InvalidInput(
-                    f"model: {message}", errors=[_field("model", message, "missing")]
+                raise ModelNotFound(
+                    f"provider {row.name!r} lists no models: name the model to check"
                 )
             model = offered[0]
         elif offered and model not in offered:
-            message = (
+            raise ModelNotFound(
                 f"provider {row.name!r} offers no model {model!r} (it offers {', '.join(offered)})"
             )
-            raise InvalidInput(f"model: {message}", errors=[_field("model", message, "unknown")])
         workspace = principal.workspace_id
         if self._checking[workspace] >= CHECKS_PER_WORKSPACE:
             raise RateLimited(

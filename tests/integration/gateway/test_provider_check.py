@@ -36,7 +36,7 @@ async def test_a_check_times_one_small_call_and_never_shows_the_key(
     sim = server.services.simulator
     assert sim is not None
     good = await _provider(
-        http, server, "good", api_key=KEY, models=[{"name": "sim-1"}, {"name": "other"}]
+        http, server, "good", api_key=KEY, models=[{"name": "sim-1"}, {"name": "sim-1@stamp"}]
     )
     before = sim.requests["sim-1"]
     ok = await call(http, server, "POST", _path(good))
@@ -51,10 +51,13 @@ async def test_a_check_times_one_small_call_and_never_shows_the_key(
     # The breaker is untouched: a check is not traffic.
     assert server.services.gateway.router.breakers.view(good["id"]) is None
 
-    # A model the provider does not list is the API's 422, nothing is called.
+    # A model the provider does not list is not found (as in a route), nothing is called.
     unknown = await call(http, server, "POST", _path(good), body={"model": "gpt-9"})
-    assert "offers no model 'gpt-9'" in problem(unknown, 422)["detail"]
-    assert sim.requests["sim-1"] == before + 1
+    assert "offers no model 'gpt-9'" in problem(unknown, 404)["detail"]
+    other = await call(http, server, "POST", _path(good), body={"model": "sim-1@stamp"})
+    assert other.status == 200 and other.body["model"] == "sim-1@stamp"
+    assert sim.requests["sim-1@stamp"] == 1
+    assert sim.requests["sim-1"] == before + 1  # the model `other` was asked for instead
     # A body that is not JSON is 415; an unknown field 422.
     async with http.post(
         server.base_url + _path(good), data="model=sim-1", headers=server.auth
@@ -102,7 +105,7 @@ async def test_a_failed_check_is_a_problem_with_its_reason(
     )
     assert closed.status == 201, closed.text
     missing = await call(http, server, "POST", _path(closed.body))
-    assert "name the model" in problem(missing, 422)["detail"]
+    assert "name the model" in problem(missing, 404)["detail"]
     unreachable = await call(http, server, "POST", _path(closed.body), body={"model": "m"})
     assert problem(unreachable, 502)["reason"] == "failed"
 
