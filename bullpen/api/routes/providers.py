@@ -198,12 +198,12 @@ async def test_provider(
     body: ProviderCheck | None = None,
 ) -> Any:
     """Make one minimal streamed chat completion to the provider now (`model`, else the first
-    it lists; one it does not list is 404; at most 8 output tokens), through the gateway's client with the provider's
-    timeouts, key and the outbound guard, without fallback or retry and without touching its
-    circuit breaker. 200 says how fast it answered; a failure is problem+json with the
-    provider's status class, `reason` (`connect`, `http-401`, `ttft-timeout`, ...), `provider`
-    and `model`. Never metered nor charged to a budget; at most 2 checks run at once per
-    workspace (429)."""
+    it lists; one it does not list is 404; at most 8 output tokens), through the gateway's
+    client with the provider's timeouts, key and the outbound guard, without fallback or retry
+    and without touching its circuit breaker. 200 says how fast it answered; a failure is
+    problem+json with the provider's status class, `reason` (`connect`, `http-401`,
+    `ttft-timeout`, ...), `provider` and `model`. Never metered nor charged to a budget; at
+    most 2 checks run at once per workspace (429)."""
     model = body.model if body is not None else None
     try:
         result = await config.check_provider(principal, provider_id, model)
