@@ -281,17 +281,17 @@ async def update_provider(provider_id: UUID, request: Request, svc: ServicesDep)
     if found is None:
         return RedirectResponse("/login", status_code=303)
     kept = {k: v for k, v in form.items() if k not in {"csrf", "api_key"}}
-    given: dict[str, Any] = {
-        "name": form.get("name", "").strip(),
-        "base_url": form.get("base_url", "").strip(),
-        "models": models_of(form.get("models", "")),
-        "timeouts": _timeouts_of(form),
-    }
-    if form.get("remove_key") == "on":
-        given["api_key"] = None
-    elif form.get("api_key"):
-        given["api_key"] = form["api_key"]
     try:
+        given: dict[str, Any] = {
+            "name": form.get("name", "").strip(),
+            "base_url": form.get("base_url", "").strip(),
+            "models": models_of(form.get("models", "")),
+            "timeouts": _timeouts_of(form),
+        }
+        if form.get("remove_key") == "on":
+            given["api_key"] = None
+        elif form.get("api_key"):
+            given["api_key"] = form["api_key"]
         body = ProviderUpdate.model_validate(given)
         changes = body.model_dump(exclude_unset=True)
         if "api_key" in changes:
