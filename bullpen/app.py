@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,6 +23,7 @@ from bullpen.domain.breakers import BreakerLimits
 from bullpen.domain.runs import RetryPolicy
 from bullpen.gateway.breaker import BreakerPolicy, Breakers
 from bullpen.gateway.catalog import Price, Provider, Timeouts
+from bullpen.gateway.check import check as check_provider
 from bullpen.gateway.client import GatewayClient
 from bullpen.gateway.metrics import GatewayMetrics
 from bullpen.gateway.router import Gateway, Router
@@ -407,7 +409,15 @@ async def build(
             ),
             spend=spend,
             budgets=BudgetService(store, clock, spend),
-            gateway_config=GatewayConfig(store, box, directory, clock, defaults, outbound),
+            gateway_config=GatewayConfig(
+                store,
+                box,
+                directory,
+                clock,
+                defaults,
+                outbound,
+                checker=functools.partial(check_provider, client),
+            ),
             mcp_tools=mcp_tools,
             mcp_servers=McpService(
                 store,

@@ -44,6 +44,8 @@ from bullpen.api.routes import (
     ui_approvals,
     ui_audit,
     ui_costs,
+    ui_providers,
+    ui_routines,
     ui_settings,
     ui_tasks,
     users,
@@ -175,6 +177,8 @@ def create_app(settings: Settings, *, span_exporter: SpanExporter | None = None)
         ui_settings.router,
         ui_costs.router,
         ui_audit.router,
+        ui_providers.router,
+        ui_routines.router,
     ):
         app.include_router(page_router)
     # An ASGI app as the endpoint: every method reaches it (it answers 405 itself).

@@ -48,10 +48,12 @@ def problem(
     errors: list[dict[str, Any]] | None = None,
     headers: dict[str, str] | None = None,
     openai: tuple[str, str] | None = None,
+    extensions: dict[str, Any] | None = None,
 ) -> Response:
     """A problem+json response (on the relay with OpenAI's `error` member too: its `type` and
-    `code` are the slug unless `openai` gives them)."""
+    `code` are the slug unless `openai` gives them); `extensions` are further members."""
     body: dict[str, Any] = {
+        **(extensions or {}),
         "type": PROBLEM_BASE + slug,
         "title": title,
         "status": status,
@@ -72,8 +74,10 @@ def _retry_headers(retry_after: float | None) -> dict[str, str] | None:
     return {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
 
 
-def from_error(exc: BullpenError, instance: str) -> Response:
-    """The problem+json response for one of Bullpen's errors."""
+def from_error(
+    exc: BullpenError, instance: str, extensions: dict[str, Any] | None = None
+) -> Response:
+    """The problem+json response for one of Bullpen's errors (`extensions`: more members)."""
     headers = _retry_headers(exc.retry_after) or {}
     if exc.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
@@ -90,6 +94,7 @@ def from_error(exc: BullpenError, instance: str) -> Response:
         errors=exc.errors,
         headers=headers or None,
         openai=exc.openai_error,
+        extensions=extensions,
     )
 
 

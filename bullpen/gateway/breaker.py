@@ -26,16 +26,28 @@ class BreakerPolicy:
     cooldown_s: float = 30.0
 
 
+@dataclass(frozen=True, slots=True)
+class BreakerView:
+    """A breaker as this process sees it now: its state, for how many seconds it has been in
+    it, the failures counted towards opening (closed), and whether a probe is in flight."""
+
+    state: BreakerState
+    for_s: float
+    failures: int
+    probing: bool
+
+
 class Breaker:
     """One provider's breaker. Not thread-safe: each event loop keeps its own."""
 
-    __slots__ = ("_clock", "_failures", "_opened_at", "_policy", "_probing")
+    __slots__ = ("_clock", "_closed_at", "_failures", "_opened_at", "_policy", "_probing")
 
     def __init__(self, policy: BreakerPolicy, clock: Callable[[], float]) -> None:
         self._policy = policy
         self._clock = clock
         self._failures: deque[float] = deque()
         self._opened_at: float | None = None
+        self._closed_at = clock()  # made closed, on first use
         self._probing = False
 
     @property
@@ -57,8 +69,24 @@ class Breaker:
         self._probing = True
         return True
 
+    def view(self) -> BreakerView:
+        """The state and since when (as seconds ago), for people to read."""
+        now = self._clock()
+        state = self.state
+        if state is BreakerState.CLOSED:
+            window = self._policy.window_s
+            recent = sum(1 for t in self._failures if now - t <= window)
+            return BreakerView(state, now - self._closed_at, recent, False)
+        assert self._opened_at is not None
+        since = self._opened_at
+        if state is BreakerState.HALF_OPEN:
+            since += self._policy.cooldown_s
+        return BreakerView(state, now - since, 0, self._probing)
+
     def succeeded(self) -> None:
         """A request was served: close."""
+        if self._opened_at is not None:
+            self._closed_at = self._clock()
         self._failures.clear()
         self._opened_at = None
         self._probing = False
@@ -98,6 +126,16 @@ class Breakers:
             found = (name, Breaker(self._policy, self._clock))
             self._by_key[key] = found
         return found[1]
+
+    def view(self, key: str) -> BreakerView | None:
+        """A provider's breaker as this process sees it; None if it never called the provider."""
+        found = self._by_key.get(key)
+        return None if found is None else found[1].view()
+
+    @property
+    def policy(self) -> BreakerPolicy:
+        """When breakers open and for how long."""
+        return self._policy
 
     def states(self) -> list[tuple[str, str, BreakerState]]:
         """(provider key, provider name, state) for the metrics."""

@@ -107,6 +107,16 @@ class Router:
         self._metrics = metrics
         self._retry_after_max_s = retry_after_max_s
 
+    @property
+    def breakers(self) -> Breakers:
+        """This process's breakers (read-only use: the dashboard shows them)."""
+        return self._breakers
+
+    @property
+    def client(self) -> GatewayClient:
+        """The client calls go through (a provider check uses it too)."""
+        return self._client
+
     async def stream(
         self, chain: Sequence[Target], request: Mapping[str, Any], call: Call
     ) -> AsyncGenerator[list[dict[str, Any]], None]:

@@ -7,6 +7,9 @@
   origin it was given for: moving a provider to another scheme, host or port needs the key
   again (else an admin could point the provider at a listener of theirs and read the key
   off the next call).
+- `GatewayConfig.check_provider`: one minimal streamed call to a provider now, through the
+  gateway's client (its timeouts, its key, the outbound guard), at most `CHECKS_PER_WORKSPACE`
+  at once per workspace and process.
 - `Directory`: the catalog the gateway calls from, per workspace, cached for a short time
   (changes made in this process apply at once; other processes see them within the TTL).
 
@@ -18,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,8 +31,9 @@ from uuid import UUID
 from bullpen.domain.access import Permission, need
 from bullpen.domain.principal import Principal
 from bullpen.domain.records.gateway import ProviderRecord, RouteRecord
-from bullpen.errors import Conflict, InvalidInput, NotFound
+from bullpen.errors import Conflict, InvalidInput, ModelNotFound, NotFound, RateLimited
 from bullpen.gateway.catalog import Catalog, Price, Provider, Target, Timeouts
+from bullpen.gateway.check import CheckResult
 from bullpen.security.outbound import OutboundAllow, OutboundRefused, check_url
 from bullpen.security.secrets import SecretBox, hint
 from bullpen.store import audit
@@ -38,6 +43,9 @@ from bullpen.store.base import Connection, Store
 log = logging.getLogger(__name__)
 
 MAX_CHAIN = 8
+CHECKS_PER_WORKSPACE = 2  # provider checks in flight at once, per workspace and process
+
+Checker = Callable[[Provider, str], Awaitable[CheckResult]]
 
 
 def key_context(provider_id: UUID) -> bytes:
@@ -84,6 +92,11 @@ class Directory:
         """Provider names no workspace may take."""
         return frozenset(self._builtins)
 
+    @property
+    def builtins(self) -> list[Provider]:
+        """The operator's providers every workspace has (the simulator), by name."""
+        return [self._builtins[name] for name in sorted(self._builtins)]
+
     async def catalog(self, workspace_id: UUID) -> Catalog:
         """The workspace's catalog; one load at a time per workspace, shared by all waiters."""
         found = self._cached.get(workspace_id)
@@ -128,6 +141,10 @@ class Directory:
                 routes[route.name] = chain
         return Catalog(providers=found, routes=routes)
 
+    def opened(self, row: ProviderRecord) -> Provider:
+        """A stored provider as the gateway calls it (its key unsealed)."""
+        return self._provider(row)
+
     def _provider(self, row: ProviderRecord) -> Provider:
         api_key = None
         if row.api_key_ciphertext is not None:
@@ -165,6 +182,7 @@ class GatewayConfig:
         clock: Callable[[], datetime],
         defaults: Timeouts,
         outbound: OutboundAllow,
+        checker: Checker | None = None,
     ) -> None:
         self._store = store
         self._box = box
@@ -172,6 +190,8 @@ class GatewayConfig:
         self._clock = clock
         self._defaults = defaults
         self._outbound = outbound
+        self._checker = checker
+        self._checking: Counter[UUID] = Counter()
 
     # ---- providers ------------------------------------------------------------------------
 
@@ -318,6 +338,44 @@ class GatewayConfig:
                 {"name": before.name, "base_url": before.base_url},
             )
         self._directory.invalidate(principal.workspace_id)
+
+    async def check_provider(
+        self, principal: Principal, provider_id: UUID, model: str | None = None
+    ) -> CheckResult:
+        """Call the provider once now (`model`, else the first it lists) and time the answer;
+        a failure is the client's typed ProviderError, its text free of the key."""
+        need(principal, Permission.PROVIDERS_WRITE)
+        if self._checker is None:
+            raise Conflict("this process cannot call providers")
+        async with self._store.read() as conn:
+            row = await self._provider(conn, principal, provider_id)
+        offered = [m["name"] for m in row.models]
+        # As a route's link: a model the provider does not list is not found (404).
+        if model is None:
+            if not offered:
+                raise ModelNotFound(
+                    f"provider {row.name!r} lists no models: name the model to check"
+                )
+            model = offered[0]
+        elif offered and model not in offered:
+            raise ModelNotFound(
+                f"provider {row.name!r} offers no model {model!r} (it offers {', '.join(offered)})"
+            )
+        workspace = principal.workspace_id
+        if self._checking[workspace] >= CHECKS_PER_WORKSPACE:
+            raise RateLimited(
+                f"at most {CHECKS_PER_WORKSPACE} provider checks run at once in a workspace",
+                retry_after=1.0,
+            )
+        self._checking[workspace] += 1
+        try:
+            result = await self._checker(self._directory.opened(row), model)
+        finally:
+            self._checking[workspace] -= 1
+            if not self._checking[workspace]:
+                del self._checking[workspace]
+        log.info("provider %r checked: %s answered in %.0f ms", row.name, model, result.latency_ms)
+        return result
 
     # ---- routes ---------------------------------------------------------------------------
 

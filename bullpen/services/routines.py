@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import zoneinfo
 from collections import deque
@@ -152,6 +153,25 @@ class Schedule:
                 if len(found) == CATCH_UP_MAX:
                     break
         return found[::-1]
+
+
+PREVIEW_SLOTS = 5  # fire times a preview shows
+
+
+def next_slots(
+    cron: str, timezone: str, now: datetime, count: int = PREVIEW_SLOTS
+) -> list[datetime]:
+    """The schedule's next `count` slots after `now` (UTC); InvalidInput naming the field if
+    it is bad or never fires, as a create would say."""
+    slots = list(itertools.islice(Schedule.parse(cron, timezone).slots(now), count))
+    if not slots:
+        raise _invalid("cron", f"{cron!r} never fires")
+    return slots
+
+
+def zones() -> list[str]:
+    """Every IANA time zone name a routine may use, sorted."""
+    return sorted(_zones())
 
 
 def first_slot(cron: str, timezone: str, now: datetime) -> datetime:

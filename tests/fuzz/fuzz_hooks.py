@@ -51,6 +51,9 @@ FUZZ_USER_ENV = "BULLPEN_FUZZ_USER"
 # An agent of the fuzzer's workspace that requires approval: each task of it is a new approval.
 GATED_AGENT_ENV = "BULLPEN_FUZZ_GATED_AGENT"
 BASE_URL_ENV = "BULLPEN_FUZZ_BASE_URL"
+# The seeded provider (the built-in simulator's endpoint under another name): the only one a
+# provider check may call.
+SEEDED_PROVIDER_ENV = "BULLPEN_FUZZ_PROVIDER"
 # Stands in for a protected id: well-formed, and no row has it, so the answer is a plain 404.
 UNKNOWN_ID = "00000000-0000-4000-8000-000000000000"
 MUTATING = frozenset({"DELETE", "PATCH", "PUT"})
@@ -260,6 +263,7 @@ def before_call(context: Any, case: Any, kwargs: Any) -> None:
     """Runs before every request of every phase; edits the case in place (checks see the edit)."""
     _loopback_mcp_url(case)
     _fresh_mcp_server(case)
+    _seeded_provider_check(case)
     _spare_seeded_tenant(case)
     _doomed_workspace_key(case)
     _unique_idempotency_key(case)
@@ -531,6 +535,24 @@ def _loopback_mcp_url(case: Any) -> None:
     except ValidationError:
         return
     body["url"] = os.environ[MCP_URL_ENV]
+
+
+def _seeded_provider_check(case: Any) -> None:
+    """Check only the seeded provider (the simulator on loopback).
+
+    A check calls the provider, and providers the fuzzer makes point wherever generated URLs
+    do: a host name would be looked up in DNS and an address called (tests reach loopback
+    only), a closed loopback port would be a 502. Unknown ids (404) are the other operations'
+    cases to cover.
+    """
+    if case.method.upper() != "POST" or not case.operation.path.endswith("/test"):
+        return
+    if not case.operation.path.startswith("/api/v1/providers/"):
+        return
+    params = case.path_parameters or {}
+    value = params.get("provider_id")
+    if isinstance(value, str) and UUID_TEXT.fullmatch(value):
+        params["provider_id"] = os.environ[SEEDED_PROVIDER_ENV]
 
 
 def _fresh_mcp_server(case: Any) -> None:

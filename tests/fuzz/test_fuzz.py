@@ -442,6 +442,7 @@ async def _run(
         "BULLPEN_FUZZ_BASE_URL": server.base_url,
         "BULLPEN_FUZZ_GATED_AGENT": tenant.gated_agent_id,
         "BULLPEN_FUZZ_MCP_URL": mcp_url,  # a real MCP server (tests/support/mcp_tools.py)
+        "BULLPEN_FUZZ_PROVIDER": tenant.provider_id,  # the only provider a check may call
         **{f"BULLPEN_FUZZ_{verb}_INVITER": key for verb, key in tenant.inviters.items()},
         "HYPOTHESIS_STORAGE_DIRECTORY": str(workdir / ".hypothesis"),
         "NO_COLOR": "1",

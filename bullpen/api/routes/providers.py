@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import logging
+from typing import Annotated, Any
 from uuid import UUID
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Request, Response
 
 from bullpen.api import docs
 from bullpen.api.deps import GatewayConfigs as Config
-from bullpen.api.deps import require, require_json
+from bullpen.api.deps import check_json, require, require_json
 from bullpen.api.idempotency import Idempotent
+from bullpen.api.problems import from_error
+from bullpen.api.schemas.common import Problem
 from bullpen.api.schemas.gateway import (
+    ProviderCheck,
+    ProviderCheckResult,
     ProviderCreate,
     ProviderList,
     ProviderPublic,
@@ -24,6 +29,9 @@ from bullpen.api.schemas.gateway import (
 )
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
+from bullpen.errors import ProviderError
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/api/v1", tags=["gateway"])
 
@@ -139,6 +147,86 @@ async def delete_provider(provider_id: ProviderId, principal: Writer, config: Co
     """Delete a provider; one that model routes still use is 409."""
     await config.delete_provider(principal, provider_id)
     return Response(status_code=204)
+
+
+class ProviderCheckProblem(Problem):
+    """A failed provider check: the problem, with what failed and why."""
+
+    reason: str = "connect"
+    provider: str = "openai"
+    model: str = "gpt-4o-mini"
+
+
+_CHECK_FAILED = {
+    400: "The provider refused the request itself (`provider-rejected`)",
+    402: "The provider's quota or spend limit is used up (`provider-spend-limit`)",
+    502: "The provider could not be reached, refused the key, answered an error status "
+    "(`reason` `http-503` and so on) or a broken stream",
+    504: "No first token, no next chunk or no end within the provider's limits",
+}
+
+
+async def _json_if_any(request: Request) -> None:
+    """The body is optional; one that is sent must be JSON (else 415)."""
+    if request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers:
+        check_json(request)
+
+
+@router.post(
+    "/providers/{provider_id}/test",
+    operation_id="testProvider",
+    response_model=ProviderCheckResult,
+    dependencies=[Depends(_json_if_any)],
+    responses={
+        **docs.problems(401, 403, 404, 413, 415, 422, 429, 503),
+        **{
+            code: {
+                "model": ProviderCheckProblem,
+                "description": text,
+                "content": {"application/problem+json": {}},
+            }
+            for code, text in _CHECK_FAILED.items()
+        },
+    },
+    summary="Check a provider with one minimal call",
+)
+async def test_provider(
+    provider_id: ProviderId,
+    principal: Writer,
+    config: Config,
+    request: Request,
+    body: ProviderCheck | None = None,
+) -> Any:
+    """Make one minimal streamed chat completion to the provider now (`model`, else the first
+    it lists; one it does not list is 404; at most 8 output tokens), through the gateway's
+    client with the provider's timeouts, key and the outbound guard, without fallback or retry
+    and without touching its circuit breaker. 200 says how fast it answered; a failure is
+    problem+json with the provider's status class, `reason` (`connect`, `http-401`,
+    `ttft-timeout`, ...), `provider` and `model`. Never metered nor charged to a budget; at
+    most 2 checks run at once per workspace (429)."""
+    model = body.model if body is not None else None
+    try:
+        result = await config.check_provider(principal, provider_id, model)
+    except ProviderError as err:
+        row = await config.get_provider(principal, provider_id)
+        asked = model or (row.models[0]["name"] if row.models else "")
+        log.info("provider check of %r failed: %s (%s)", row.name, err.reason, err.status)
+        return from_error(
+            err,
+            request.url.path,
+            {"reason": err.reason, "provider": row.name, "model": asked},
+        )
+    return ProviderCheckResult(
+        ok=True,
+        provider=result.provider,
+        model=result.model,
+        served_model=result.served_model,
+        ttft_ms=result.ttft_ms,
+        latency_ms=result.latency_ms,
+        finish_reason=result.finish_reason,
+        input_tokens=result.input_tokens,
+        output_tokens=result.output_tokens,
+    )
 
 
 @router.get(

@@ -296,3 +296,27 @@ class RouteList(BaseModel):
     """The workspace's model routes by name."""
 
     items: list[RoutePublic]
+
+
+class ProviderCheck(Strict):
+    """Which model a provider check calls."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"model": "sim-1"}]})
+
+    model: ModelName | None = Field(
+        default=None, description="One of the provider's models; omitted: the first it lists."
+    )
+
+
+class ProviderCheckResult(BaseModel):
+    """A provider answered a check: how fast, and as which model."""
+
+    ok: bool = Field(description="Always true: a failed check is a problem+json answer")
+    provider: str
+    model: str = Field(description="The model asked for")
+    served_model: str | None = Field(description="The model the provider said answered")
+    ttft_ms: float = Field(description="From sending the request to the first content")
+    latency_ms: float = Field(description="From sending the request to the stream's end")
+    finish_reason: str | None
+    input_tokens: int | None = Field(description="As the provider reported them, if it did")
+    output_tokens: int | None
