@@ -489,10 +489,19 @@ async def list_tasks(
     PostgreSQL the planner picks between them and the newest-first scan; on SQLite see
     `_search_candidates`.
     """
+    candidates = None
+    if search and dialect == "sqlite":
+        candidates = await _search_candidates(conn, search)
+    # With candidates, SQLite must read them by rowid: its planner, without statistics, would
+    # rather take an index on an equality (the workspace's, or top-level tasks'), read every
+    # task of the workspace and test each. A unary plus makes such a term no index's.
+    in_workspace, parent = tasks.c.workspace_id, tasks.c.parent_id
+    if candidates is not None:
+        in_workspace, parent = _unindexed(in_workspace), _unindexed(parent)
     query = (
         sa.select(*_TASK_COLUMNS)
         .select_from(tasks.join(workspaces, workspaces.c.id == tasks.c.workspace_id))
-        .where(tasks.c.workspace_id == workspace_id)
+        .where(in_workspace == workspace_id)
     )
     if status is not None:
         query = query.where(tasks.c.status == status)
@@ -503,7 +512,7 @@ async def list_tasks(
     if parent_id is not None:
         query = query.where(tasks.c.parent_id == parent_id)
     elif top_level:
-        query = query.where(tasks.c.parent_id.is_(None))
+        query = query.where(parent.is_(None))
     if search:
         pattern = "%" + _escape_like(search) + "%"
         query = query.where(
@@ -512,10 +521,8 @@ async def list_tasks(
                 tasks.c.prompt.ilike(pattern, escape="\\"),
             )
         )
-        if dialect == "sqlite":
-            candidates = await _search_candidates(conn, search)
-            if candidates is not None:
-                query = query.where(_ROWID.in_(candidates))
+        if candidates is not None:
+            query = query.where(_ROWID.in_(candidates))
     page = await keyset(
         conn, query, tasks.c.created_at, tasks.c.id, limit=limit, after=after, newest_first=True
     )
@@ -561,6 +568,12 @@ async def _search_candidates(conn: Connection, text: str) -> list[int] | None:
     )
     rowids = [int(row[0]) for row in found]
     return None if len(rowids) > SEARCH_CANDIDATES_MAX else rowids
+
+
+def _unindexed(column: sa.Column[Any]) -> sa.ColumnElement[Any]:
+    """SQLite: the column as `+tasks.<name>`, the same value, but no index serves a term on
+    it."""
+    return sa.type_coerce(sa.literal_column(f"+tasks.{column.name}"), column.type)
 
 
 def _escape_like(text: str) -> str:

@@ -145,10 +145,21 @@ async def test_the_trigram_index_serves_the_search(store: Store) -> None:
             "EXPLAIN QUERY PLAN SELECT rowid FROM tasks_search WHERE tasks_search MATCH "
             "'\"quarterly\"'"
         )
+        # The list's own query, as SQLite runs it with candidates (a top-level filter too).
+        listed = sa.select(tasks.c.id).where(
+            task_store._unindexed(tasks.c.workspace_id) == ws,
+            task_store._unindexed(tasks.c.parent_id).is_(None),
+            task_store._ROWID.in_([1, 2]),
+        )
+        compiled = (
+            listed.order_by(tasks.c.created_at.desc())
+            .limit(51)
+            .compile(dialect=sync_conn.dialect, compile_kwargs={"render_postcompile": True})
+        )
+        values = [compiled.params[name] for name in compiled.positiontup or []]
         by_rowid = sync_conn.exec_driver_sql(
-            "EXPLAIN QUERY PLAN SELECT id FROM tasks WHERE workspace_id = ? AND rowid IN (1, 2) "
-            "ORDER BY created_at DESC, id DESC LIMIT 51",
-            (ws.hex,),
+            f"EXPLAIN QUERY PLAN {compiled}",
+            tuple(v.hex if isinstance(v, uuid.UUID) else v for v in values),
         )
         return [" | ".join(str(r[3]) for r in rows) for rows in (match, by_rowid)]
 
