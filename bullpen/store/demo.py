@@ -356,12 +356,15 @@ async def seed_demo(
                 if rows[key]:
                     await conn.execute(table.insert(), rows[key])
                     counts[key] = counts.get(key, 0) + len(rows[key])
+        # SQLite: the WAL would grow by the whole seed (gigabytes) before the store's own
+        # checkpoints, which wait their turn on this loop, ran.
+        await store.checkpoint()
     async with store.write() as conn:
         await conn.execute(
             workspaces.update().where(workspaces.c.id == workspace_id).values(task_counter=number)
         )
         await _budgets(conn, make, [a["id"] for a in team[:40]])
-    out.task_id = sample_parent
+    out.task_id = sample_parent or rows["tasks"][-1]["id"]  # few tasks: perhaps no parent
     out.seconds = time.monotonic() - started
     return out
 

@@ -552,8 +552,8 @@ async def runs_for_tasks(conn: Connection, task_ids: list[UUID]) -> dict[UUID, R
 _TASKS_SEARCH = sa.table("tasks_search", sa.column("rowid"))
 _ROWID = sa.literal_column("tasks.rowid")
 # Matches looked up by rowid and sorted, at most; with more, the text is common enough that
-# the newest-first scan fills a page soon (about one task in 20 of 100,000 matches, at least).
-SEARCH_CANDIDATES_MAX = 5_000
+# the newest-first scan fills a page soon (one task in 50 of 100,000 matches, at least).
+SEARCH_CANDIDATES_MAX = 2_000
 
 
 async def _search_candidates(conn: Connection, text: str) -> list[int] | None:
