@@ -159,50 +159,68 @@ async def browser_figures(
 ) -> None:
     """First paint of each page over `loads` cold loads, and its same-origin JS and CSS."""
     try:
-        from playwright.async_api import Response, async_playwright
+        from playwright.async_api import async_playwright
     except ImportError as err:  # a dev dependency: `uv sync` installs it
         raise SpawnError(
             "the ui scenario drives Chromium with Playwright: install the dev dependencies "
             "(./scripts/deps.sh --browser)"
         ) from err
-    if not chromium.exists():
+    if not await asyncio.to_thread(chromium.exists):
         raise SpawnError(f"no Chromium at {chromium} (./scripts/deps.sh --browser installs it)")
-    origin = urlsplit(base_url).netloc
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
         try:
             for page, figures in pages:
                 for load in range(loads):
-                    context = await browser.new_context()
-                    await context.add_cookies(cookies)  # type: ignore[arg-type]
-                    tab = await context.new_page()
-                    assets: dict[str, int] = {}
-                    pending: list[asyncio.Task[None]] = []
-
-                    async def keep(response: Response, into: dict[str, int] = assets) -> None:
-                        into[urlsplit(response.url).path] = len(await response.body())
-
-                    def seen(response: Response) -> None:
-                        kind = response.request.resource_type
-                        if kind in ("script", "stylesheet") and urlsplit(response.url).netloc == origin:
-                            pending.append(asyncio.ensure_future(keep(response)))
-
-                    if load == 0:
-                        tab.on("response", seen)
-                    answer = await tab.goto(base_url + figures.path, wait_until="load")
-                    if answer is None or answer.status != 200 or tab.url.endswith("/login"):
-                        raise SpawnError(f"{page.name}: the browser did not get the page")
-                    paint = await tab.evaluate(FIRST_PAINT_JS)
-                    if paint is None:
-                        raise SpawnError(f"{page.name}: no first-contentful-paint entry")
-                    figures.first_paint_ms.append(float(paint))
-                    if load == 0:
-                        await asyncio.gather(*pending)
+                    paint, assets = await _load(
+                        browser, base_url, cookies, page, figures.path, load == 0
+                    )
+                    figures.first_paint_ms.append(paint)
+                    if assets is not None:
                         figures.assets = dict(sorted(assets.items()))
                         figures.assets_bytes = sum(assets.values())
-                    await context.close()
         finally:
             await browser.close()
+
+
+async def _load(
+    browser: Any,
+    base_url: str,
+    cookies: list[dict[str, Any]],
+    page: UiPage,
+    path: str,
+    with_assets: bool,
+) -> tuple[float, dict[str, int] | None]:
+    """One load in a fresh context: its first paint, and (`with_assets`) the bytes of each
+    same-origin script and stylesheet it loaded."""
+    origin = urlsplit(base_url).netloc
+    context = await browser.new_context()
+    try:
+        await context.add_cookies(cookies)
+        tab = await context.new_page()
+        assets: dict[str, int] = {}
+        pending: list[asyncio.Future[None]] = []
+
+        async def keep(response: Any) -> None:
+            assets[urlsplit(response.url).path] = len(await response.body())
+
+        def seen(response: Any) -> None:
+            kind = response.request.resource_type
+            if kind in ("script", "stylesheet") and urlsplit(response.url).netloc == origin:
+                pending.append(asyncio.ensure_future(keep(response)))
+
+        if with_assets:
+            tab.on("response", seen)
+        answer = await tab.goto(base_url + path, wait_until="load")
+        if answer is None or answer.status != 200 or tab.url.endswith("/login"):
+            raise SpawnError(f"{page.name}: the browser did not get the page")
+        paint = await tab.evaluate(FIRST_PAINT_JS)
+        if paint is None:
+            raise SpawnError(f"{page.name}: no first-contentful-paint entry")
+        await asyncio.gather(*pending)
+        return float(paint), assets if with_assets else None
+    finally:
+        await context.close()
 
 
 async def measure(
@@ -236,7 +254,9 @@ async def measure(
         ]
     if loads:
         on_step(f"first paint and assets in Chromium ({loads} loads a page)")
-        await browser_figures(base_url, cookies, list(zip(pages, measured, strict=True)), loads=loads)
+        await browser_figures(
+            base_url, cookies, list(zip(pages, measured, strict=True)), loads=loads
+        )
     return measured
 
 

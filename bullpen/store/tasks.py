@@ -495,9 +495,10 @@ async def list_tasks(
     # With candidates, SQLite must read them by rowid: its planner, without statistics, would
     # rather take an index on an equality (the workspace's, or top-level tasks'), read every
     # task of the workspace and test each. A unary plus makes such a term no index's.
-    in_workspace, parent = tasks.c.workspace_id, tasks.c.parent_id
+    in_workspace: sa.ColumnElement[Any] = tasks.c.workspace_id
+    parent: sa.ColumnElement[Any] = tasks.c.parent_id
     if candidates is not None:
-        in_workspace, parent = _unindexed(in_workspace), _unindexed(parent)
+        in_workspace, parent = _unindexed(tasks.c.workspace_id), _unindexed(tasks.c.parent_id)
     joined = tasks.join(workspaces, workspaces.c.id == tasks.c.workspace_id)
     # With candidates only the keys are sorted, then the page's rows read: sorting whole rows
     # (prompts and all) of a few thousand candidates took SQLite 34 ms, the keys 3 ms.
@@ -550,7 +551,7 @@ async def runs_for_tasks(conn: Connection, task_ids: list[UUID]) -> dict[UUID, R
 # SQLite's trigram index (`tasks_search`, FTS5, migration 0020) and the tasks' rowid it is
 # keyed on (kept by VACUUM and VACUUM INTO: measured on SQLite 3.40).
 _TASKS_SEARCH = sa.table("tasks_search", sa.column("rowid"))
-_ROWID = sa.literal_column("tasks.rowid")
+_ROWID: sa.ColumnElement[int] = sa.literal_column("tasks.rowid", sa.Integer)
 # Matches looked up by rowid and sorted, at most; with more, the text is common enough that
 # the newest-first scan fills a page soon (one task in 50 of 100,000 matches, at least).
 SEARCH_CANDIDATES_MAX = 2_000
