@@ -275,8 +275,10 @@ async def seed_demo(
             await conn.execute(agents.insert(), team)
         await _setup(conn, make, [a["id"] for a in team])
     counts["agents"] = size.agents
-    with_run = size.tasks  # every task but those awaiting approval has a run
-    per_run = _spread(size.events, with_run)
+    # The newest tasks: 3 running, 3 queued (no event yet), 6 awaiting approval (no run) when
+    # an agent is gated; every other run has events, the total spread over them.
+    eventless = min(3, max(0, size.tasks - 3)) + (min(6, max(0, size.tasks - 6)) if gated else 0)
+    per_run = _spread(size.events, max(1, size.tasks - eventless))
     number = int(ws.task_counter)
     first = now - SPAN - timedelta(minutes=1)
     step = SPAN / size.tasks
@@ -349,7 +351,8 @@ async def seed_demo(
             if status == "awaiting_approval":
                 rows["approvals"].append(_approval(make, task, "pending", at))
                 continue
-            _run(make, task, next(per_run), rows, tools=delegates)
+            events = 0 if status == "queued" else next(per_run)
+            _run(make, task, events, rows, tools=delegates)
             if status == "cancelled":
                 rows["audit"].append(
                     make.audit("task.cancel", "task", task["id"], task["updated_at"])
