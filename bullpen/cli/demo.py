@@ -20,6 +20,7 @@ def seed_demo(
         1_000_000
     ),
     agents: Annotated[int, typer.Option(min=1, help="Agents in the org chart.")] = 200,
+    days: Annotated[int, typer.Option(min=1, help="Days of history, up to now.")] = 30,
     data_dir: Annotated[
         Path | None, typer.Option("--data-dir", help="Data directory (BULLPEN_DATA_DIR).")
     ] = None,
@@ -29,7 +30,7 @@ def seed_demo(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON line.")] = False,
 ) -> None:
     """Fill the first workspace (`bullpen init` makes it) with a demo org chart of agents,
-    providers, routes, routines, budgets and 30 days of tasks, runs, run events, costs,
+    providers, routes, routines, budgets and --days of tasks, runs, run events, costs,
     approvals and audit events, written straight into the tables. For trying the dashboard
     at size and for `bullpen bench --scenario ui`; not for a workspace in use."""
     from bullpen.app import open_store
@@ -42,7 +43,9 @@ def seed_demo(
         boot = await _bootstrap(settings)
         async with open_store(settings) as store:
             seeded = await seed_demo(
-                store, boot.workspace_id, size=DemoSize(tasks=tasks, events=events, agents=agents)
+                store,
+                boot.workspace_id,
+                size=DemoSize(tasks=tasks, events=events, agents=agents, days=days),
             )
         return seeded.as_dict()
 

@@ -44,7 +44,6 @@ from bullpen.store.tables import (
 )
 
 CHUNK = 2_000  # tasks written per transaction, with their runs, events and ledger rows
-SPAN = timedelta(days=30)  # the history's length, ending a minute before `now`
 #: Words the bench searches for: in about half of the tasks, in about one in a thousand, in none.
 SEARCH_COMMON, SEARCH_RARE, SEARCH_NONE = "revenue", "vandelay", "xylophone"
 
@@ -119,10 +118,11 @@ class DemoSize:
     tasks: int = 100_000
     events: int = 1_000_000
     agents: int = 200
+    days: int = 30  # the history's length, ending a minute before `now`
 
     def __post_init__(self) -> None:
-        if self.tasks < 1 or self.events < 0 or self.agents < 1:
-            raise ValueError("tasks and agents must be >= 1, events >= 0")
+        if self.tasks < 1 or self.events < 0 or self.agents < 1 or self.days < 1:
+            raise ValueError("tasks, agents and days must be >= 1, events >= 0")
 
 
 @dataclass(slots=True)
@@ -161,9 +161,10 @@ class _Maker:
     """Builds the rows; `rng` decides everything but the ids."""
 
     def __init__(
-        self, workspace_id: UUID, key: str, user_id: UUID, now: datetime, seed: int
+        self, workspace_id: UUID, key: str, user_id: UUID, now: datetime, seed: int, days: int
     ) -> None:
         self.ws, self.key, self.user, self.now = workspace_id, key, user_id, now
+        self.span = timedelta(days=days)
         self.rng = random.Random(seed)  # noqa: S311 - demo data, not a secret
         self.prices: dict[tuple[str, str], tuple[float, float]] = {
             (name, model): (inp, out)
@@ -191,7 +192,7 @@ class _Maker:
     def agents(self, count: int, root: UUID) -> list[dict[str, Any]]:
         """`count` agents under the existing `root`, five reports each (breadth first)."""
         rows: list[dict[str, Any]] = []
-        at = self.now - SPAN - timedelta(days=1)
+        at = self.now - self.span - timedelta(days=1)
         for i in range(count):
             name, title = _ROLES[i % len(_ROLES)]
             manager = root if i < 5 else rows[(i - 5) // 5]["id"]
@@ -263,7 +264,7 @@ async def seed_demo(
         )
     if root is None:
         raise ValueError("the workspace has no agent to put at the top of the org chart")
-    make = _Maker(workspace_id, str(ws.task_key), user_id, now, seed)
+    make = _Maker(workspace_id, str(ws.task_key), user_id, now, seed, size.days)
     out = Seeded(workspace_id, agent_id=root)
     counts = out.counts
     team = make.agents(size.agents - 1, root)
@@ -280,8 +281,8 @@ async def seed_demo(
     eventless = min(3, max(0, size.tasks - 3)) + (min(6, max(0, size.tasks - 6)) if gated else 0)
     per_run = _spread(size.events, max(1, size.tasks - eventless))
     number = int(ws.task_counter)
-    first = now - SPAN - timedelta(minutes=1)
-    step = SPAN / size.tasks
+    first = now - make.span - timedelta(minutes=1)
+    step = make.span / size.tasks
     sample_parent: tuple[UUID, bool] | None = None
     for start in range(0, size.tasks, CHUNK):
         rows: dict[str, list[dict[str, Any]]] = {
@@ -592,7 +593,7 @@ def _run(
 
 async def _setup(conn: Connection, make: _Maker, team: list[UUID]) -> None:
     """Providers, routes, routines and their audit events."""
-    at = make.now - SPAN - timedelta(days=2)
+    at = make.now - make.span - timedelta(days=2)
     made = []
     for name, url, models in _PROVIDERS:
         provider_id = uuid4()
@@ -698,7 +699,7 @@ async def _budgets(conn: Connection, make: _Maker, team: list[UUID]) -> None:
                 "reserved_usd": 0.0,
                 "warned": False,
                 "exceeded": False,
-                "created_at": make.now - SPAN,
+                "created_at": make.now - make.span,
                 "updated_at": make.now,
             }
         )

@@ -38,7 +38,7 @@ async def test_screenshots_of_every_page(server: Any, browser: Browser) -> None:
     seeded = await seed_demo(
         server.services.store,
         server.boot.workspace_id,
-        size=DemoSize(tasks=400, events=4_000, agents=24),
+        size=DemoSize(tasks=400, events=4_000, agents=24, days=2),
     )
     values = seeded.as_dict()
     OUT.mkdir(parents=True, exist_ok=True)
