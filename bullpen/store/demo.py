@@ -412,7 +412,6 @@ async def seed_demo(
             workspaces.update().where(workspaces.c.id == workspace_id).values(task_counter=number)
         )
         await _budgets(conn, make, [a["id"] for a in team[:40]])
-    # Few tasks: perhaps none has subtasks.
     if store.dialect == "postgresql":
         # As autovacuum would soon after a bulk load: planner statistics (without them the
         # search planned a scan of every task, 1.3 s) and the GIN indexes' pending lists
@@ -421,6 +420,7 @@ async def seed_demo(
         async with store.engine.connect() as conn:
             outside = await conn.execution_options(isolation_level="AUTOCOMMIT")
             await outside.exec_driver_sql("VACUUM ANALYZE")  # never in a transaction
+    # Few tasks: perhaps none has subtasks.
     out.task_id = sample_parent[0] if sample_parent else rows["tasks"][-1]["id"]
     out.seconds = time.monotonic() - started
     return out

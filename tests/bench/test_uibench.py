@@ -29,6 +29,7 @@ def test_the_ui_scenario_measures_every_page_of_a_seeded_workspace(store_backend
         assert 0 < page["server_p50_ms"] <= page["server_p95_ms"] <= page["server_max_ms"], page
         assert page["cpu_ms_per_request"] is not None and page["cpu_ms_per_request"] >= 0, page
         assert 0 < page["first_paint_p50_ms"] <= page["first_paint_p95_ms"], page
+        assert 0 < page["cold_paint_p50_ms"] <= page["cold_paint_p95_ms"], page
         assert page["html_bytes"] > 1000, page
         # Signed in: every page loads the stylesheet and htmx, and counts their real sizes.
         assets = page["assets"]
