@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 4
 export TEST_WORKERS
 
-.PHONY: deps up test test-fast lint bench fmt soak
+.PHONY: deps up test test-fast lint bench fmt soak screenshots
 
 deps:
 	@./scripts/deps.sh
@@ -46,3 +46,9 @@ bench: deps
 soak: deps
 	BULLPEN_SOAK_S=$${BULLPEN_SOAK_S:-600} uv run pytest tests/faults/test_soak.py \
 		tests/integration/streams/test_sse_churn.py -s -p no:cacheprovider
+
+# The dashboard's screenshots in docs/screenshots/ (the README shows some): a seeded demo
+# workspace in Chromium, one PNG a page (tests/e2e/test_screenshots.py).
+screenshots:
+	@./scripts/deps.sh --browser
+	BULLPEN_SCREENSHOTS=1 uv run pytest tests/e2e/test_screenshots.py -p no:cacheprovider -q

@@ -24,7 +24,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import IO, Any, Literal
@@ -108,6 +108,11 @@ class SpawnedServer:
     sim_pid: int | None = None
     worker_pids: tuple[int, ...] = ()
     more_apis: tuple[tuple[str, int], ...] = ()  # the other API processes: base URL, pid
+    # The first admin `bullpen init` made (the `ui` scenario signs in as it).
+    admin_email: str = ""
+    admin_password: str = field(default="", repr=False)
+    # What each `prepare` command printed (its last JSON line), in order.
+    prepared: tuple[dict[str, Any], ...] = ()
 
     @property
     def base_urls(self) -> list[str]:
@@ -345,18 +350,26 @@ async def _drop_database(admin_url: str, name: str) -> None:
     )
 
 
-async def _run_init(env: dict[str, str], data_dir: Path, cwd: Path | None) -> dict[str, Any]:
+async def _run_init(
+    env: dict[str, str],
+    data_dir: Path,
+    cwd: Path | None,
+    args: tuple[str, ...] = ("init", "--json"),
+    timeout_s: float = INIT_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Run `bullpen *args` to its end; the last JSON object it printed."""
+    name = f"bullpen {args[0]}"
     returncode, out, err = await _captured(
-        _bullpen_argv("init", "--json"),
-        timeout_s=INIT_TIMEOUT_S,
-        too_long=f"`bullpen init` did not finish in {INIT_TIMEOUT_S:.0f} s",
+        _bullpen_argv(*args),
+        timeout_s=timeout_s,
+        too_long=f"`{name}` did not finish in {timeout_s:.0f} s",
         env=env,
         cwd=cwd,
     )
-    (data_dir / "init.stderr.log").write_bytes(err)
+    (data_dir / f"{args[0]}.stderr.log").write_bytes(err)
     if returncode != 0:
         tail = err[-_TAIL_BYTES:].decode(errors="replace")
-        raise SpawnError(f"`bullpen init` exited {returncode}:\n{tail}")
+        raise SpawnError(f"`{name}` exited {returncode}:\n{tail}")
     # Use the last JSON line so stray output before it does not matter.
     for line in reversed(out.splitlines()):
         if line.strip().startswith(b"{"):
@@ -366,7 +379,7 @@ async def _run_init(env: dict[str, str], data_dir: Path, cwd: Path | None) -> di
                 continue
             if isinstance(info, dict):
                 return info
-    raise SpawnError(f"`bullpen init --json` printed no JSON object: {out[-500:]!r}")
+    raise SpawnError(f"`{name}` printed no JSON object: {out[-500:]!r}")
 
 
 async def _wait_ready(
@@ -424,6 +437,8 @@ async def spawn_server(
     source: SourceTree | None = None,
     workers: int = 0,
     api_processes: int = 1,
+    prepare: Sequence[tuple[str, ...]] = (),
+    prepare_timeout_s: float = INIT_TIMEOUT_S,
 ) -> AsyncIterator[SpawnedServer]:
     """Start a fresh server on 127.0.0.1 and yield it; tear everything down on exit.
 
@@ -436,7 +451,9 @@ async def spawn_server(
     With `sim="process"` the simulated provider runs as its own process (as a real provider
     would be elsewhere), so the server's figures do not include the simulator's CPU; with
     `sim="none"` there is no simulator. With `source` the server (and its `init`) runs that
-    extracted revision instead of this checkout.
+    extracted revision instead of this checkout. Each of `prepare` (`bullpen` arguments, e.g.
+    `("seed-demo", "--json")`) runs after `init` and before the server starts, each within
+    `prepare_timeout_s`; what it prints last as JSON is in `prepared`.
     """
     if sim not in ("process", "inprocess", "none"):
         raise ValueError(f"unknown simulator placement {sim!r}")
@@ -502,6 +519,9 @@ async def spawn_server(
                 f"{sorted(info)}; a reused data dir or database prints api_key null)"
             )
 
+        prepared = [
+            await _run_init(child_env, data_dir, cwd, args, prepare_timeout_s) for args in prepare
+        ]
         port = port or free_port()
         base_url = f"http://127.0.0.1:{port}"
         stderr_path = data_dir / "server.stderr.log"
@@ -539,6 +559,9 @@ async def spawn_server(
             sim_pid=res.sim_proc.pid if res.sim_proc is not None else None,
             worker_pids=tuple(worker_pids),
             more_apis=tuple(more_apis),
+            admin_email=str(info.get("email", "")),
+            admin_password=str(info.get("password") or ""),
+            prepared=tuple(prepared),
         )
     except BaseException:
         # Do not let a cleanup failure hide the error that got us here.

@@ -1,5 +1,5 @@
 """`bullpen bench`: the load tests, one scenario each (reference, create, queue, relay,
-streams, workflow).
+streams, workflow, ui).
 
 `bench` parses and checks the options and calls one `bench_<scenario>`; each imports its
 benchmark module only when it runs, so the rest of the CLI starts fast.
@@ -28,7 +28,8 @@ def bench(
         typer.Option(
             help="reference (create, stream, think; ramp to 80), create (create throughput), "
             "queue (the run queue), relay (the relay's added latency), streams (live "
-            "streams one API process holds) or workflow (three-level agent workflows)."
+            "streams one API process holds), workflow (three-level agent workflows) or ui "
+            "(the dashboard's pages on a large workspace)."
         ),
     ] = "reference",
     backend: Annotated[
@@ -149,14 +150,30 @@ def bench(
             "exporting every span over OTLP/HTTP to a receiver in the bench.",
         ),
     ] = False,
+    tasks: Annotated[
+        int, typer.Option(help="[ui] Tasks the workspace is seeded with (with their runs).")
+    ] = 100_000,
+    events: Annotated[int, typer.Option(help="[ui] Run events, spread over the runs.")] = (
+        1_000_000
+    ),
+    agents: Annotated[int, typer.Option(help="[ui] Agents in the seeded org chart.")] = 200,
+    requests: Annotated[
+        int, typer.Option(help="[ui] Requests per page for its server time (one at a time).")
+    ] = 200,
+    loads: Annotated[
+        int,
+        typer.Option(help="[ui] Loads per page in Chromium for its first paint (0: none)."),
+    ] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON, no progress bar.")] = False,
 ) -> None:
     """Load tests: the reference scenario (default), create throughput (--scenario create),
     the run queue (--scenario queue: runs/s per worker count, claim latency, freed-slot wake,
     noisy neighbour),
     the relay (--scenario relay: latency it adds over calling the provider directly), live
-    streams (--scenario streams: streams held, delivery latency, memory, database writes) or
-    agent workflows (--scenario workflow: workflows/s, how soon a parent wakes)."""
+    streams (--scenario streams: streams held, delivery latency, memory, database writes),
+    agent workflows (--scenario workflow: workflows/s, how soon a parent wakes) or the
+    dashboard on a large workspace (--scenario ui: each page's server time, first paint and
+    JavaScript + CSS)."""
     only: dict[str, tuple[str, ...]] = {
         "reference": (
             "url",
@@ -176,10 +193,11 @@ def bench(
         "relay": ("streams", "duration", "warmup", "rounds", "api_processes", "budgets"),
         "streams": ("streams", "duration", "bus", "redis_url"),
         "workflow": ("workflows", "duration", "warmup"),
+        "ui": ("tasks", "events", "agents", "requests", "loads"),
     }
     if scenario not in only:
         raise typer.BadParameter(
-            "--scenario must be reference, create, queue, relay, streams or workflow"
+            "--scenario must be reference, create, queue, relay, streams, workflow or ui"
         )
     if backend not in ("sqlite", "postgres"):
         raise typer.BadParameter("--backend must be sqlite or postgres")
@@ -242,6 +260,18 @@ def bench(
             workflows=workflows,
             duration=duration,
             warmup=warmup,
+            as_json=as_json,
+        )
+        return
+    if scenario == "ui":
+        bench_ui(
+            backend,
+            pg_url=pg_url,
+            tasks=tasks,
+            events=events,
+            agents=agents,
+            requests=requests,
+            loads=loads,
             as_json=as_json,
         )
         return
@@ -710,3 +740,40 @@ def bench_workflow(
             f"max {s['wake_max_ms']} ms ({s['wakes']} wakes)",
             flush=True,
         )
+
+
+def bench_ui(
+    backend: str,
+    *,
+    pg_url: str,
+    tasks: int,
+    events: int,
+    agents: int,
+    requests: int,
+    loads: int,
+    as_json: bool,
+) -> None:
+    """`bullpen bench --scenario ui`: every dashboard page on a large seeded workspace."""
+    from bullpen.bench.uibench import report_lines, run_ui_bench
+
+    if tasks < 1 or agents < 1 or requests < 1:
+        raise typer.BadParameter("--tasks, --agents and --requests must be >= 1")
+    if events < 0 or loads < 0:
+        raise typer.BadParameter("--events and --loads must be >= 0")
+    report = uvloop.run(
+        run_ui_bench(
+            backend,  # type: ignore[arg-type]
+            pg_admin_url=pg_url,
+            tasks=tasks,
+            events=events,
+            agents=agents,
+            requests=requests,
+            loads=loads,
+            on_step=_stepper(as_json),
+        )
+    )
+    if as_json:
+        print(json.dumps(report), flush=True)
+    else:
+        for line in report_lines(report):
+            print(line, flush=True)

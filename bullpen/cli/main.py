@@ -22,6 +22,7 @@ from bullpen.cli.agents import agents_cli
 from bullpen.cli.approvals import approvals_cli
 from bullpen.cli.bench import bench
 from bullpen.cli.budgets import budgets_cli, costs
+from bullpen.cli.demo import seed_demo
 from bullpen.cli.gateway import providers_cli, routes_cli
 from bullpen.cli.mcp import mcp_cli
 from bullpen.cli.output import console
@@ -379,6 +380,7 @@ cli.add_typer(agents_cli, name="agents")
 cli.add_typer(approvals_cli, name="approvals")
 cli.add_typer(budgets_cli, name="budgets")
 cli.command("costs")(costs)
+cli.command("seed-demo")(seed_demo)
 
 
 def main() -> None:

@@ -42,6 +42,9 @@ BULK_MAX = 100  # tasks one bulk cancel may name (a page's worth, and then some)
 TIMELINE_EVENTS = 2000  # status, tool and error events a task page shows
 COMMENTS_SHOWN = 200
 SEARCH_MAX = 200
+# The trigram indexes serve a search of 3 characters or more (migration 0020); a shorter one
+# could only read every task, and finds little a longer one would not.
+SEARCH_MIN = 3
 SECTION = "tasks"
 
 
@@ -66,6 +69,8 @@ class Filters:
             raise InvalidInput("level: only `top` (tasks without a parent) is known")
         if len(q) > SEARCH_MAX or len(label) > 50:
             raise InvalidInput(f"search: at most {SEARCH_MAX} characters, a label at most 50")
+        if 0 < len(q.strip()) < SEARCH_MIN:
+            raise InvalidInput(f"search: at least {SEARCH_MIN} characters")
         self.status, self.agent, self.label, self.level, self.parent, self.q = (
             status,
             agent,

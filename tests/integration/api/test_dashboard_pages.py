@@ -74,3 +74,8 @@ async def test_task_list_pages_by_keyset_and_searches_literally(
 
     status, html = await _page(http, server, session, "/?status=nonsense")
     assert status == 422 and "unknown status" in html
+    # Shorter than a trigram: no index could serve it, so it is refused, not scanned for.
+    status, html = await _page(http, server, session, "/?q=%2010%20")
+    assert status == 422 and "search: at least 3 characters" in html
+    _, html = await _page(http, server, session, "/?q=100")
+    assert ROW.findall(html) == [made[7]]
