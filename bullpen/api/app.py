@@ -170,6 +170,7 @@ def create_app(settings: Settings, *, span_exporter: SpanExporter | None = None)
         _document_access(router)
         app.include_router(router)
     app.include_router(ui.router)
+    app.add_exception_handler(ui.SignedOut, ui.signed_out)
     for page_router in (
         ui_tasks.router,
         ui_agents.router,

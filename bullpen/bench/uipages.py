@@ -2,8 +2,9 @@
 
 Adding a page is one line in `PAGES`. A path may name what the demo seed made
 (`bullpen seed-demo --json`): `{task_id}` (a task with subtasks, tool calls and a comment),
-`{agent_id}` (the org chart's root), `{provider_id}` and `{routine_id}` (one of each), and the search words `{search_common}` (in about half of
-the tasks), `{search_rare}` (about one in a thousand) and `{search_none}` (in none).
+`{agent_id}` (the org chart's root), `{provider_id}` and `{routine_id}` (one of each), and
+the search words `{search_common}` (in about half of the tasks), `{search_rare}` (about one
+in a thousand) and `{search_none}` (in none).
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import pytest
 from playwright.async_api import Browser, Page, expect
 
 from bullpen.domain.access import Role
-from tests.support.axe import grave_violations
 from tests.support.browser import CSP_PROBE, TIMEOUT_MS, PageErrors
+from tests.support.dashboard_checks import clean, sign_in
 from tests.support.login import add_user
 from tests.support.team import (
     create_task,
@@ -27,24 +27,6 @@ from tests.support.team import (
 pytestmark = [pytest.mark.browser]
 
 PASSWORD = "a long enough viewer password"  # pragma: allowlist secret
-
-
-async def sign_in(page: Page, server: Any, email: str = "", password: str = "") -> None:
-    """Sign in (the bootstrap admin by default) and land on the task list."""
-    await page.goto("/login")
-    await page.get_by_label("Email").fill(email or server.boot.email)
-    await page.get_by_label("Password").fill(password or server.boot.password)
-    await page.get_by_role("button", name="Sign in").click()
-    await expect(page).to_have_url(f"{server.base_url}/")
-
-
-async def clean(page: Page, errors: PageErrors) -> None:
-    """The page obeyed its CSP, ran without errors, and axe finds nothing serious."""
-    assert await page.evaluate("window.__cspViolations") == []
-    # Chromium logs the deliberate 422 of a refused form as a failed resource load.
-    assert [m for m in errors.console if "status of 422" not in m] == []
-    assert errors.uncaught == []
-    assert await grave_violations(page) == []
 
 
 async def _agent(http: aiohttp.ClientSession, server: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +90,7 @@ async def test_tasks_page_filters_searches_creates_and_bulk_cancels(
         await page.goto("/?status=awaiting_approval")  # a filtered list's own URL
         await expect(page.get_by_label("Status")).to_have_value("awaiting_approval")
         await expect(rows).to_have_count(2)
-        await clean(page, page_errors)
+        await clean(page, page_errors, 422)
 
         # Bulk cancel: both selected, both cancelled, the list says so.
         for one in (first, second):
@@ -186,7 +168,7 @@ async def test_task_page_shows_the_live_subtask_tree_timeline_and_comments(
     await page.get_by_role("textbox", name="Comment").fill("Looks right to me.")
     await page.get_by_role("button", name="Add comment").click()
     await expect(page.locator(".comments .body")).to_have_text(["Looks right to me."])
-    await clean(page, page_errors)
+    await clean(page, page_errors, 422)
 
 
 async def test_agents_page_creates_with_api_errors_charts_and_pauses(
@@ -219,7 +201,7 @@ async def test_agents_page_creates_with_api_errors_charts_and_pauses(
     await expect(page).to_have_url(f"{server.base_url}/agents")
     chart = page.locator("#org-chart")
     await expect(chart.locator("li li a", has_text="analyst")).to_be_visible()
-    await clean(page, page_errors)
+    await clean(page, page_errors, 422)
 
     await chart.get_by_role("link", name="analyst").click()
     await page.get_by_role("button", name="Pause").click()
@@ -231,7 +213,7 @@ async def test_agents_page_creates_with_api_errors_charts_and_pauses(
     await edit.get_by_label("Title").fill("Senior analyst")
     await edit.get_by_role("button", name="Save").click()
     await expect(page.locator("p.meta").first).to_contain_text("Senior analyst")
-    await clean(page, page_errors)
+    await clean(page, page_errors, 422)
 
 
 async def test_approvals_inbox_is_live_and_approves_with_a_reason(
@@ -249,7 +231,7 @@ async def test_approvals_inbox_is_live_and_approves_with_a_reason(
         card = page.locator(".approval")
         await expect(card).to_have_count(1)
         await expect(card.get_by_role("heading")).to_contain_text(task["number"])
-        await clean(page, page_errors)
+        await clean(page, page_errors, 422)
         await card.get_by_label("Reason").fill("Within this month's plan.")
         await card.get_by_role("button", name="Approve").click()
         await expect(page.locator(".approval")).to_have_count(0)

@@ -13,34 +13,14 @@ import pytest
 from playwright.async_api import Browser, Page, expect
 
 from bullpen.domain.access import Role
-from tests.support.axe import grave_violations
 from tests.support.browser import CSP_PROBE, TIMEOUT_MS, PageErrors
+from tests.support.dashboard_checks import clean, sign_in
 from tests.support.login import add_user
 
 pytestmark = [pytest.mark.browser]
 
 KEY = "sk-dash-CANARY-7c1d9e2f0a3b"  # pragma: allowlist secret
 PASSWORD = "a long enough viewer password"  # pragma: allowlist secret
-
-
-async def sign_in(page: Page, server: Any, email: str = "", password: str = "") -> None:
-    """Sign in (the bootstrap admin by default) and land on the task list."""
-    await page.goto("/login")
-    await page.get_by_label("Email").fill(email or server.boot.email)
-    await page.get_by_label("Password").fill(password or server.boot.password)
-    await page.get_by_role("button", name="Sign in").click()
-    await expect(page).to_have_url(f"{server.base_url}/")
-
-
-async def clean(page: Page, errors: PageErrors) -> None:
-    """The page obeyed its CSP, ran without errors, and axe finds nothing serious."""
-    assert await page.evaluate("window.__cspViolations") == []
-    # Chromium logs a deliberately refused form (422, 409) or failed check (502) as a failed
-    # resource load.
-    refusals = re.compile(r"status of (409|422|502)")
-    assert [m for m in errors.console if not refusals.search(m)] == []
-    assert errors.uncaught == []
-    assert await grave_violations(page) == []
 
 
 async def api(http: aiohttp.ClientSession, server: Any, path: str) -> Any:
@@ -111,7 +91,7 @@ async def test_providers_page_adds_checks_edits_routes_and_shows_breakers(
         "Check of flaky failed (502 provider, reason http-503)"
     )
     assert KEY not in await page.content()
-    await clean(page, page_errors)
+    await clean(page, page_errors, 409, 422, 502)
 
     # Edit prices and timeouts on the provider's page; the key is kept.
     await page.locator('#providers tr[data-provider="good"] a').click()
@@ -121,7 +101,7 @@ async def test_providers_page_adds_checks_edits_routes_and_shows_breakers(
     await edit.get_by_role("button", name="Save").click()
     await expect(page).to_have_url(re.compile(r"/providers/[0-9a-f-]{36}$"))
     await expect(page.locator("p.meta").first).to_contain_text("key sk-…0a3b")
-    await clean(page, page_errors)
+    await clean(page, page_errors, 409, 422, 502)
     async with aiohttp.ClientSession() as http:
         listed = {p["name"]: p for p in (await api(http, server, "/providers"))["items"]}
         assert listed["good"]["models"] == [
@@ -167,7 +147,7 @@ async def test_providers_page_adds_checks_edits_routes_and_shows_breakers(
     )
     good_breaker = page.locator('#providers tr[data-provider="good"] .breaker')
     await expect(good_breaker.locator(".status")).to_have_text("closed")
-    await clean(page, page_errors)
+    await clean(page, page_errors, 409, 422, 502)
 
     # A provider a route uses cannot go: the API's 409, after a confirmation.
     await page.locator('#providers tr[data-provider="flaky"] a').click()

@@ -16,8 +16,8 @@ import pytest
 from playwright.async_api import Browser, BrowserContext, Page, expect
 
 from bullpen.domain.access import Role
-from tests.support.axe import grave_violations
 from tests.support.browser import CSP_PROBE, TIMEOUT_MS, PageErrors
+from tests.support.dashboard_checks import clean, sign_in
 from tests.support.login import add_user
 from tests.support.team import until_ended
 
@@ -26,23 +26,6 @@ pytestmark = [pytest.mark.browser]
 PASSWORD = "a long enough viewer password"  # pragma: allowlist secret
 CRON = "30 6 1 * *"  # 06:30 on the first of each month
 ZONE = "Europe/Berlin"
-
-
-async def sign_in(page: Page, server: Any, email: str = "", password: str = "") -> None:
-    """Sign in (the bootstrap admin by default) and land on the task list."""
-    await page.goto("/login")
-    await page.get_by_label("Email").fill(email or server.boot.email)
-    await page.get_by_label("Password").fill(password or server.boot.password)
-    await page.get_by_role("button", name="Sign in").click()
-    await expect(page).to_have_url(f"{server.base_url}/")
-
-
-async def clean(page: Page, errors: PageErrors) -> None:
-    """The page obeyed its CSP, ran without errors, and axe finds nothing serious."""
-    assert await page.evaluate("window.__cspViolations") == []
-    assert errors.console == []
-    assert errors.uncaught == []
-    assert await grave_violations(page) == []
 
 
 def first_of_months(count: int) -> list[datetime]:

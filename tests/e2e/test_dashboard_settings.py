@@ -13,8 +13,8 @@ import pytest
 from playwright.async_api import Browser, BrowserContext, Page, expect
 
 from bullpen.domain.access import Role
-from tests.support.axe import grave_violations
 from tests.support.browser import CSP_PROBE, TIMEOUT_MS, ContextFactory, PageErrors
+from tests.support.dashboard_checks import clean, sign_in
 from tests.support.db import audits
 from tests.support.login import add_user
 from tests.support.team import create_task
@@ -23,25 +23,6 @@ pytestmark = [pytest.mark.browser]
 
 PASSWORD = "a long enough member password"  # pragma: allowlist secret
 SAME_ORIGIN = {"Sec-Fetch-Site": "same-origin"}
-
-
-async def sign_in(page: Page, server: Any, email: str = "", password: str = "") -> None:
-    """Sign in (the bootstrap admin by default) and land on the task list."""
-    await page.goto("/login")
-    await page.get_by_label("Email").fill(email or server.boot.email)
-    await page.get_by_label("Password").fill(password or server.boot.password)
-    await page.get_by_role("button", name="Sign in").click()
-    await expect(page).to_have_url(f"{server.base_url}/")
-
-
-async def clean(page: Page, errors: PageErrors, *refusals: int) -> None:
-    """The page obeyed its CSP, ran without errors, and axe finds nothing serious."""
-    assert await page.evaluate("window.__cspViolations") == []
-    # Chromium logs a deliberately refused form (its status) as a failed resource load.
-    expected = tuple(f"status of {status}" for status in refusals)
-    assert [m for m in errors.console if not any(e in m for e in expected)] == []
-    assert errors.uncaught == []
-    assert await grave_violations(page) == []
 
 
 async def api(

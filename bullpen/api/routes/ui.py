@@ -52,11 +52,23 @@ EXPIRED_FORM = "This sign-in form has expired. Please sign in again."
 BUSY = "Sign-in is busy right now. Try again in a moment."
 
 
-async def page_session(request: Request, svc: Services) -> tuple[str, SessionPrincipal] | None:
-    """The signed-in user of a page request, admitted as the API would (rate limits)."""
+class SignedOut(Exception):
+    """A page or form request without a live session: the app answers it with a redirect to
+    the sign-in page (`signed_out`)."""
+
+
+def signed_out(_request: Request, _exc: Exception) -> Response:
+    """`SignedOut`'s answer: the sign-in page."""
+    return RedirectResponse("/login", status_code=303)
+
+
+async def page_session(request: Request, svc: Services) -> tuple[str, SessionPrincipal]:
+    """The signed-in user of a page request, admitted as the API would (rate limits); raises
+    `SignedOut` without one."""
     found = await _signed_in(request, svc)
-    if found is not None:
-        _admit(request, svc, found[1])
+    if found is None:
+        raise SignedOut
+    _admit(request, svc, found[1])
     return found
 
 
@@ -78,19 +90,19 @@ def _admit(request: Request, svc: Services, who: SessionPrincipal) -> None:
     request.state.principal = principal
 
 
-async def form_session(
-    request: Request, svc: Services, csrf: str
-) -> tuple[str, SessionPrincipal] | None:
-    """The session behind a form posted from this site's own page; None when signed out.
+async def form_session(request: Request, svc: Services, csrf: str) -> tuple[str, SessionPrincipal]:
+    """The session behind a form posted from this site's own page; raises `SignedOut`
+    without one.
 
     A post from another site, or without the session's own CSRF token, is Forbidden.
     """
     check_same_site(request)
     found = await _signed_in(request, svc)
-    if found is not None:
-        if not svc.auth.check_csrf(found[0], csrf):
-            raise Forbidden("missing or wrong CSRF token")
-        _admit(request, svc, found[1])
+    if found is None:
+        raise SignedOut
+    if not svc.auth.check_csrf(found[0], csrf):
+        raise Forbidden("missing or wrong CSRF token")
+    _admit(request, svc, found[1])
     return found
 
 
@@ -278,8 +290,6 @@ async def switch_workspace(
 ) -> Response:
     """Act in another of the user's workspaces (the header's picker), then show it."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     session_id, who = found
     try:
         target = UUID(workspace_id)
@@ -294,8 +304,6 @@ async def switch_workspace(
 async def account_page(request: Request, svc: ServicesDep) -> Response:
     """The signed-in user's account: change the password."""
     found = await page_session(request, svc)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     return await _account(request, svc, found)
 
 
@@ -332,8 +340,6 @@ async def change_password(
 ) -> Response:
     """Check the current password, store the new one, end every session of the user."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     _, who = found
     if not PASSWORD_MIN <= len(new_password) <= PASSWORD_MAX:
         error = f"The new password needs {PASSWORD_MIN} to {PASSWORD_MAX} characters."

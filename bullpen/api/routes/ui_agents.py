@@ -127,8 +127,6 @@ async def _agents(
 async def agents_page(request: Request, svc: ServicesDep) -> Response:
     """Every agent with today's runs, success rate, median TTFT and spend; the org chart."""
     found = await page_session(request, svc)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     return await _agents(request, svc, found)
 
 
@@ -153,8 +151,6 @@ async def create_agent(request: Request, svc: ServicesDep) -> Response:
     """Create an agent from the form of its adapter, validated as the API validates it."""
     form = await _form(request)
     found = await form_session(request, svc, form.get("csrf", ""))
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     adapter = form.get("adapter", "")
     if adapter not in ADAPTERS:
         bad = InvalidInput(f"adapter: one of {', '.join(ADAPTERS)}")
@@ -194,8 +190,6 @@ async def create_agent(request: Request, svc: ServicesDep) -> Response:
 async def agent_page(agent_id: UUID, request: Request, svc: ServicesDep) -> Response:
     """One agent's edit form (its adapter's fields) and lifecycle buttons."""
     found = await page_session(request, svc)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     return await _agent(request, svc, found, agent_id)
 
 
@@ -235,8 +229,6 @@ async def update_agent(agent_id: UUID, request: Request, svc: ServicesDep) -> Re
     """Change an agent from its edit form, validated as the API's PATCH is."""
     form = await _form(request)
     found = await form_session(request, svc, form.get("csrf", ""))
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     principal = found[1].principal
     try:
         agent = await svc.agents.get(principal, agent_id)
@@ -273,8 +265,6 @@ async def agent_lifecycle(
 ) -> Response:
     """Pause, resume or terminate: the first post asks for confirmation, the second acts."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     if op not in LIFECYCLE:
         bad = InvalidInput(f"unknown action {op!r}")
         return await message(request, svc, found, bad, section=SECTION)

@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 from uuid import UUID
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, Response
 
 from bullpen.api import cursor
 from bullpen.api.deps import ServicesDep
@@ -108,8 +108,6 @@ async def audit_page(
 ) -> Response:
     """The audit log, newest first, filtered, in keyset pages."""
     found = await page_session(request, svc)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     filters = Filters(actor, action, target, since, until)
     page_cursor = request.query_params.get("cursor", "")
     principal = found[1].principal

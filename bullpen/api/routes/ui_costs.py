@@ -15,7 +15,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, Response
 
 from bullpen.api.deps import ServicesDep
 from bullpen.api.routes.ui import Found, message, page, page_session
@@ -170,8 +170,6 @@ async def costs_page(
 ) -> Response:
     """Spend and tokens per day by a grouping, budgets, and time to first token per hour."""
     found = await page_session(request, svc)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     principal = found[1].principal
     form = {"group": group, "since": since, "until": until}
     try:

@@ -189,8 +189,6 @@ async def _providers(
 async def providers_page(request: Request, svc: ServicesDep) -> Response:
     """Providers with their breakers, model routes with their chains, and the forms."""
     found = await page_session(request, svc)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     return await _providers(request, svc, found)
 
 
@@ -199,8 +197,6 @@ async def create_provider(request: Request, svc: ServicesDep) -> Response:
     """Add a provider, checked by the API's schema; its key is never shown again."""
     form = await _form(request)
     found = await form_session(request, svc, form.get("csrf", ""))
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     kept = {k: v for k, v in form.items() if k not in {"csrf", "api_key"}}
     kept["new_provider"] = "1"
     try:
@@ -267,8 +263,6 @@ async def _provider(
 async def provider_page(provider_id: UUID, request: Request, svc: ServicesDep) -> Response:
     """One provider: its edit form, check and delete."""
     found = await page_session(request, svc)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     return await _provider(request, svc, found, provider_id)
 
 
@@ -278,8 +272,6 @@ async def update_provider(provider_id: UUID, request: Request, svc: ServicesDep)
     field keeps the key; moving the provider to another origin needs the key again."""
     form = await _form(request)
     found = await form_session(request, svc, form.get("csrf", ""))
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     kept = {k: v for k, v in form.items() if k not in {"csrf", "api_key"}}
     try:
         given: dict[str, Any] = {
@@ -319,8 +311,6 @@ async def check_provider(
 ) -> Response:
     """Call the provider once now and show how it answered (or why it did not)."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     principal = found[1].principal
     try:
         row = await svc.gateway_config.get_provider(principal, provider_id)
@@ -345,8 +335,6 @@ async def delete_provider(
 ) -> Response:
     """Delete a provider no route uses: the first post asks for confirmation."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     if confirmed != "yes":
         return await _provider(request, svc, found, provider_id, confirm=True)
     try:
@@ -377,8 +365,6 @@ async def create_route(request: Request, svc: ServicesDep) -> Response:
     """Add a route: a name and its chain, one `provider/model` a line, tried in order."""
     form = await _form(request)
     found = await form_session(request, svc, form.get("csrf", ""))
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     kept = {k: v for k, v in form.items() if k != "csrf"}
     kept["new_route"] = "1"
     chain = [link_of(line) for line in form.get("chain", "").splitlines() if line.strip()]
@@ -440,8 +426,6 @@ async def move_link(
 ) -> Response:
     """Move one link of a route's chain up or down (tried earlier or later)."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     try:
         if direction not in ("up", "down"):
             raise InvalidInput("direction: up or down")
@@ -469,8 +453,6 @@ async def remove_link(
 ) -> Response:
     """Remove one link of a route's chain (the last one cannot go: delete the route)."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     try:
         chain = await _chain(svc, found, route_id, index, link)
     except BullpenError as err:
@@ -491,8 +473,6 @@ async def add_link(
 ) -> Response:
     """Add a link at the end of a route's chain."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     try:
         route = await svc.gateway_config.get_route(found[1].principal, route_id)
     except BullpenError as err:
@@ -512,8 +492,6 @@ async def rename_route(
 ) -> Response:
     """Rename a route (agents naming the old name fail until they name the new one)."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     return await _change_route(request, svc, found, route_id, {"name": route_name.strip()})
 
 
@@ -527,8 +505,6 @@ async def delete_route(
 ) -> Response:
     """Delete a route: the first post asks for confirmation."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     if confirmed != "yes":
         return await _providers(request, svc, found, confirm_route=route_id)
     try:

@@ -99,9 +99,7 @@ def _back(path: str, done: str) -> RedirectResponse:
 @router.get("/settings", response_model=None)
 async def settings_home(request: Request, svc: ServicesDep) -> Response:
     """The settings start at the members."""
-    found = await page_session(request, svc)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
+    await page_session(request, svc)  # signed in, or the sign-in page
     return RedirectResponse("/settings/members", status_code=303)
 
 
@@ -157,8 +155,6 @@ async def members_page(
 ) -> Response:
     """The workspace's members with their roles, oldest first, 50 a page."""
     found = await page_session(request, svc)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     return await _members(request, svc, found, after=cursor_, notice=NOTICES.get(done))
 
 
@@ -172,8 +168,6 @@ async def change_role(
 ) -> Response:
     """Give a member another role, as `PATCH /api/v1/members/{id}` does."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     try:
         body = MemberUpdate.model_validate({"role": role})
         await svc.workspaces.change_role(found[1].principal, user_id, body.role)
@@ -197,8 +191,6 @@ async def member_op(
     """Remove a member (`DELETE /api/v1/members/{id}`), or disable or enable its account
     (`PATCH /api/v1/users/{id}`, instance admins): the first post asks, the second acts."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     if op not in {"remove", "disable", "enable"}:
         bad = InvalidInput(f"unknown action {op!r}")
         return await message(request, svc, found, bad, section=SECTION)
@@ -267,8 +259,6 @@ async def invitations_page(
 ) -> Response:
     """Invitations to the user; with `members:write`, the workspace's pending ones and a form."""
     found = await page_session(request, svc)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     return await _invitations(request, svc, found, notice=NOTICES.get(done))
 
 
@@ -283,8 +273,6 @@ async def invite(
     """Invite an email with a role, as `POST /api/v1/invitations` does; the answer (the same
     for any email) is shown as the API returns it."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     kept = {"email": email, "role": role}
     try:
         body = InvitationCreate.model_validate({"email": email.strip(), "role": role})
@@ -311,8 +299,6 @@ async def answer_invitation(
 ) -> Response:
     """Revoke one of the workspace's invitations, or accept or decline one to the user."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     principal = found[1].principal
     try:
         if op == "revoke":
@@ -392,8 +378,6 @@ async def keys_page(
     """The caller's API keys (every key of the workspace with `keys:admin`), never the keys
     themselves: their prefix only."""
     found = await page_session(request, svc)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     return await _keys(request, svc, found, notice=NOTICES.get(done))
 
 
@@ -430,8 +414,6 @@ async def create_key(request: Request, svc: ServicesDep) -> Response:
     first answer, whose key is not stored, so it is never shown a second time."""
     form, scopes = await _form(request)
     found = await form_session(request, svc, form.get("csrf", "")[:128])
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     principal = found[1].principal
     kept: dict[str, Any] = {k: v for k, v in form.items() if k not in {"csrf", "form_id"}}
     kept["scopes"] = scopes
@@ -498,8 +480,6 @@ async def revoke_key(
 ) -> Response:
     """Revoke a key as `DELETE /api/v1/api-keys/{id}` does, after a confirmation."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     principal = found[1].principal
     try:
         row = await svc.api_keys.get(principal, key_id)

@@ -115,8 +115,6 @@ async def tasks_page(
 ) -> Response:
     """The task list: filters, search, keyset pages, bulk cancel, and the create form."""
     found = await page_session(request, svc)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     page_cursor = request.query_params.get("cursor", "")
     try:
         filters = Filters(status, agent, label, level, parent, q)
@@ -223,8 +221,6 @@ async def create_task(
 ) -> Response:
     """Create a task from the form, as the API would, and open its live page."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     _, who = found
     form = {
         "prompt": prompt,
@@ -286,8 +282,6 @@ async def cancel_tasks(
 ) -> Response:
     """Cancel the selected tasks (and their subtasks), each as the API's cancel does."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     _, who = found
     chosen = task_id or []
     try:
@@ -315,8 +309,6 @@ async def cancel_tasks(
 async def task_page(task_id: UUID, request: Request, svc: ServicesDep) -> Response:
     """A task's live page: output over SSE, its runs' timeline, subtasks, comments."""
     found = await page_session(request, svc)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     return await _task(request, svc, found, task_id)
 
 
@@ -375,8 +367,6 @@ async def task_action(
 ) -> Response:
     """Cancel, retry or comment on a task from its page."""
     found = await form_session(request, svc, csrf)
-    if found is None:
-        return RedirectResponse("/login", status_code=303)
     principal = found[1].principal
     try:
         if action == "cancel":
