@@ -7,7 +7,7 @@ for the next reservation. Totals and series are aggregated by the database from 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -172,8 +172,10 @@ class BudgetService:
         until: datetime,
         group_by: str | None,
         interval: str | None,
+        only: Collection[str | None] | None = None,
     ) -> Sequence[dict[str, Any]]:
-        """Ledger totals in [since, until), grouped by one dimension and/or by day."""
+        """Ledger totals in [since, until), grouped by one dimension and/or by day; with
+        `only`, of those groups alone."""
         need(principal, Permission.COSTS_READ)
         if until <= since:
             return []
@@ -185,6 +187,7 @@ class BudgetService:
                 until=until,
                 group_by=group_by,
                 by_day=interval == "day",
+                only=only,
             )
 
     async def latency(

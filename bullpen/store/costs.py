@@ -6,6 +6,7 @@ call has no agent, a run's call no API key) are grouped under null.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -24,6 +25,7 @@ GROUPS = {
     "api_key": _C.api_key_id,
     "source": _C.source,
 }
+_ID_GROUPS = ("agent", "api_key")  # keys are ids, returned as strings
 # At most this many groups (series points) in one answer: narrow the range or the grouping.
 MAX_ROWS = 5000
 
@@ -42,8 +44,10 @@ async def totals(
     until: datetime,
     group_by: str | None,
     by_day: bool,
+    only: Collection[str | None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Calls, tokens and cost in [since, until), per group and/or per UTC day."""
+    """Calls, tokens and cost in [since, until), per group and/or per UTC day; with `only`,
+    of those groups alone (keys as this returns them, None the calls without one)."""
     keys: list[sa.ColumnElement[Any]] = []
     if by_day:
         keys.append(_day(conn.dialect.name).label("day"))
@@ -61,6 +65,13 @@ async def totals(
         .where(_C.workspace_id == workspace_id, _C.created_at >= since, _C.created_at < until)
         .limit(MAX_ROWS + 1)
     )
+    if only is not None and group_by is not None:
+        column = GROUPS[group_by]
+        named: list[Any] = [key for key in only if key is not None]
+        if group_by in _ID_GROUPS:
+            named = [UUID(key) for key in named]
+        picked = column.in_(named)
+        query = query.where(sa.or_(picked, column.is_(None)) if None in only else picked)
     if keys:
         query = query.group_by(*keys).order_by(*keys)
     rows = [dict(row._mapping) for row in await conn.execute(query)]

@@ -4,11 +4,13 @@ pages and literal search, htmx fragments, and refusals rendered as pages."""
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
 
 from bullpen.api.routes.ui_tasks import PAGE_SIZE
+from bullpen.store import gateway as gateway_store
 from tests.support.login import SAME_ORIGIN, sign_in, with_session
 from tests.support.servers import RunningServer
 
@@ -79,3 +81,49 @@ async def test_task_list_pages_by_keyset_and_searches_literally(
     assert status == 422 and "search: at least 3 characters" in html
     _, html = await _page(http, server, session, "/?q=100")
     assert ROW.findall(html) == [made[7]]
+
+
+async def test_costs_page_of_many_groups_lists_every_total_and_the_charted_days(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    """170 models over 30 days are 5,100 day rows, more than one costs answer holds: the page
+    still answers, with every model's total, and per day only the 10 largest spenders (the
+    ones its charts draw). Grouped by agent, relay calls (no agent) are one of the groups."""
+    ws, agent = server.boot.workspace_id, server.boot.agent_id
+    start = datetime(2026, 11, 1, 12, tzinfo=UTC)
+    rows = [
+        {
+            "workspace_id": ws,
+            "run_id": None,
+            "agent_id": None if model % 2 else agent,
+            "user_id": None,
+            "api_key_id": None,
+            "provider": "p",
+            "model": f"m{model:03d}",
+            "input_tokens": 10,
+            "cached_input_tokens": 0,
+            "output_tokens": 5,
+            "cost_usd": 0.001 * (model + 1),
+            "created_at": start + timedelta(days=day),
+        }
+        for model in range(170)
+        for day in range(30)
+    ]
+    async with server.services.store.write() as conn:
+        await gateway_store.record_costs(conn, rows)
+    session = await sign_in(http, server)
+    status, html = await _page(
+        http, server, session, "/costs?group=model&since=2026-11-01&until=2026-11-30"
+    )
+    assert status == 200, html[:2000]
+    totals = re.findall(r'<tr data-key="(m\d+)"><th', html)
+    assert len(totals) == 170 and totals[:3] == ["m169", "m168", "m167"]  # largest first
+    per_day = set(re.findall(r'<tr data-day="[\d-]+" data-key="(m\d+)"', html))
+    assert per_day == {f"m{m}" for m in range(160, 170)}
+    assert len(re.findall(r'<tr data-day="', html)) == 2 * 10 * 30  # spend and tokens tables
+
+    status, html = await _page(
+        http, server, session, "/costs?group=agent&since=2026-11-01&until=2026-11-30"
+    )
+    assert status == 200, html[:2000]
+    assert set(re.findall(r'<tr data-day="[\d-]+" data-key="([^"]*)"', html)) == {"", str(agent)}
