@@ -15,8 +15,8 @@ TTFT Bullpen added p50/p99 (the client's time to first token minus the provider'
 the server records on the run: `overhead_ms` of the reference report), and over all rounds the
 errors (summed), the database pool's peak saturation (PostgreSQL) and the server's peak RSS.
 Over whole rounds it keeps the server process's CPU per completed task (median over rounds;
-the simulator's and the database's CPU are not in it). The ratios second / first server are
-of those figures.
+the simulator's and the database's CPU are not in it). The ratios are of those figures:
+current / baseline, or traced / current.
 """
 
 from __future__ import annotations
@@ -140,13 +140,26 @@ class ReferenceComparison:
             )
         return out
 
+    @property
+    def compared(self) -> tuple[str, str] | None:
+        """The server measured and the one it is measured against: current and baseline, or
+        traced and current (None with one server)."""
+        names = [s.name for s in self.servers]
+        if "baseline" in names:
+            return "current", "baseline"
+        if "traced" in names:
+            return "traced", "current"
+        return None
+
     def ratio(self, stage: int) -> dict[str, float | None] | None:
-        """Second / first server of each figure of stage `stage` (None with one server)."""
-        if len(self.servers) < 2:
+        """Each figure of stage `stage`, the measured server's over the other's (current /
+        baseline, traced / current); None with one server."""
+        pair = self.compared
+        if pair is None:
             return None
-        first, second = (self.figures(s.name, stage) for s in self.servers[:2])
+        measured, against = (self.figures(name, stage) for name in pair)
         keys = [*FIGURES, "pool_saturation_max_pct", "rss_max_mb", "cpu_ms_per_task"]
-        return {k: ratio(second[k], first[k]) for k in keys}
+        return {k: ratio(measured[k], against[k]) for k in keys}
 
     def stage_names(self) -> list[str]:
         """Each stage's name, then `total`."""
@@ -306,9 +319,10 @@ def _traced_env(sink: OtlpSink) -> dict[str, str]:
 
 
 def render_reference_table(c: ReferenceComparison) -> Table:
-    """Per stage: each server's figures and the ratios second / first server."""
+    """Per stage: each server's figures and the ratios (current / baseline, traced /
+    current)."""
     versus = "traced vs untraced" if c.exported is not None else "vs baseline"
-    first, second = (s.name for s in c.servers[:2])
+    measured, against = c.compared or ("", "")
     table = Table(
         title=(
             f"bullpen bench reference {versus} — {c.backend}, simulator {c.sim}, "
@@ -350,7 +364,7 @@ def render_reference_table(c: ReferenceComparison) -> Table:
         if ratio is not None:
             table.add_row(
                 "",
-                f"{second} / {first}",
+                f"{measured} / {against}",
                 _fmt(ratio["created_per_s"], 2),
                 _fmt(ratio["completed_per_s"], 2),
                 _pair(ratio["create_p50_ms"], ratio["create_p99_ms"], 2),

@@ -156,8 +156,9 @@ class Settle:
             await hold.need(output.tokens)
 
     def __call__(self) -> None:
-        """The call ended: close upstream if still open, queue its usage for the ledger (which
-        commits it within moments; the caller does not wait for that), free the slot."""
+        """The call ended: queue its usage for the ledger (which commits it within moments;
+        the caller does not wait for that) and free the slot. An upstream still open is closed
+        first, in the background, and the rest follows once it is."""
         if self._done:
             return
         self._done = True

@@ -49,6 +49,9 @@ def test_the_reference_scenario_against_head_reports_both_servers_per_stage() ->
         assert total[server]["pool_saturation_max_pct"] is None  # SQLite has no pool gauge
     assert set(total["ratio"]) == keys - {"errors_total"}
     assert total["ratio"]["created_per_s"] > 0
+    assert total["ratio"]["cpu_ms_per_task"] == pytest.approx(  # current / baseline
+        total["current"]["cpu_ms_per_task"] / total["baseline"]["cpu_ms_per_task"], rel=0.01
+    )
     assert report["errors_total"] == 0
     assert report["exported"] is None
 
