@@ -216,7 +216,7 @@ def test_baseline_ref_head_runs_both_servers_alternately() -> None:
         (["--wake-runs", "5"], "--wake-runs applies to --scenario queue only"),
         (
             ["--scenario", "nope"],
-            "--scenario must be reference, create, queue, relay, streams or workflow",
+            "--scenario must be reference, create, queue, relay, streams, workflow or ui",
         ),
         (["--workflows", "10"], "--workflows applies to --scenario workflow"),
         (["--api-processes", "2"], "--api-processes applies to --scenario relay"),
