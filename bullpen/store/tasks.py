@@ -503,9 +503,10 @@ async def list_tasks(
     if candidates is not None and dialect == "sqlite":
         in_workspace, parent = _unindexed(tasks.c.workspace_id), _unindexed(tasks.c.parent_id)
     joined = tasks.join(workspaces, workspaces.c.id == tasks.c.workspace_id)
-    # With candidates only the keys are sorted, then the page's rows read: sorting whole rows
-    # (prompts and all) of a few thousand candidates took SQLite 34 ms, the keys 3 ms.
-    columns = [tasks.c.id, tasks.c.created_at] if candidates is not None else _TASK_COLUMNS
+    # With SQLite's candidates only the keys are sorted, then the page's rows read: sorting
+    # whole rows (prompts and all) of a few thousand candidates took it 34 ms, the keys 3 ms.
+    keys_only = candidates is not None and dialect == "sqlite"
+    columns = [tasks.c.id, tasks.c.created_at] if keys_only else _TASK_COLUMNS
     query = sa.select(*columns).select_from(joined).where(in_workspace == workspace_id)
     if status is not None:
         query = query.where(tasks.c.status == status)
@@ -518,20 +519,14 @@ async def list_tasks(
     elif top_level:
         query = query.where(parent.is_(None))
     if search:
-        pattern = "%" + _escape_like(search) + "%"
-        query = query.where(
-            sa.or_(
-                tasks.c.title.ilike(pattern, escape="\\"),
-                tasks.c.prompt.ilike(pattern, escape="\\"),
-            )
-        )
+        query = query.where(_matches(search))
         if candidates is not None:
             key = _ROWID if dialect == "sqlite" else tasks.c.id
             query = query.where(key.in_(candidates))
     page = await keyset(
         conn, query, tasks.c.created_at, tasks.c.id, limit=limit, after=after, newest_first=True
     )
-    if candidates is not None and page.rows:
+    if keys_only and page.rows:
         ids = [row.id for row in page.rows]
         found = await conn.execute(
             sa.select(*_TASK_COLUMNS).select_from(joined).where(tasks.c.id.in_(ids))
@@ -595,16 +590,9 @@ async def _pg_search_candidates(
     """
     if len(text) < 3:
         return None
-    pattern = "%" + _escape_like(text) + "%"
     found = await conn.execute(
         sa.select(tasks.c.id)
-        .where(
-            tasks.c.workspace_id == workspace_id,
-            sa.or_(
-                tasks.c.title.ilike(pattern, escape="\\"),
-                tasks.c.prompt.ilike(pattern, escape="\\"),
-            ),
-        )
+        .where(tasks.c.workspace_id == workspace_id, _matches(text))
         .limit(SEARCH_CANDIDATES_MAX + 1)
     )
     ids = list(found.scalars())
@@ -615,6 +603,15 @@ def _unindexed(column: sa.Column[Any]) -> sa.ColumnElement[Any]:
     """SQLite: the column as `+tasks.<name>`, the same value, but no index serves a term on
     it."""
     return sa.type_coerce(sa.literal_column(f"+tasks.{column.name}"), column.type)
+
+
+def _matches(text: str) -> sa.ColumnElement[bool]:
+    """The title or the prompt holds `text`, case-insensitively (`ILIKE`)."""
+    pattern = "%" + _escape_like(text) + "%"
+    return sa.or_(
+        tasks.c.title.ilike(pattern, escape="\\"),
+        tasks.c.prompt.ilike(pattern, escape="\\"),
+    )
 
 
 def _escape_like(text: str) -> str:
