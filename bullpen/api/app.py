@@ -19,8 +19,8 @@ from bullpen.api.deps import access_of
 from bullpen.api.direct import DirectEndpoint
 from bullpen.api.headers import SecurityHeaders
 from bullpen.api.limits import BodyLimit
-from bullpen.api.mcp.server import PATH as MCP_PATH
-from bullpen.api.mcp.server import McpEndpoint
+from bullpen.api.mcp.endpoint import PATH as MCP_PATH
+from bullpen.api.mcp.endpoint import McpEndpoint
 from bullpen.api.problems import RELAY_PREFIX
 from bullpen.api.routes import (
     agents,

@@ -1,5 +1,8 @@
 """Bullpen as an MCP server at `/mcp`: streamable HTTP, stateless, JSON responses.
 
+This module holds what needs the MCP SDK (the server, its tools' listing and calls); it is
+imported on the first request to `/mcp` (bullpen.api.mcp.endpoint), not when the app starts.
+
 Each HTTP request is authenticated as the REST API authenticates it (a Bullpen API key only,
 rate limits included) before the MCP SDK sees it; the caller rides in the ASGI scope to the
 tool, which checks the tool's permission (a refusal is audited), validates the arguments and
@@ -14,8 +17,6 @@ a fixed sentence (the exception is logged, never sent).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import mcp_types as types
@@ -26,19 +27,16 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import ValidationError
 from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
 
 from bullpen import __version__
-from bullpen.api import problems
-from bullpen.api.deps import authenticate, bearer, check_permission, record_denial, services_of
+from bullpen.api.deps import check_permission, record_denial
+from bullpen.api.mcp.endpoint import CALLER, PATH
 from bullpen.api.mcp.tools import TOOLS, Caller, StoredRefusal, Tool
-from bullpen.errors import BullpenError, Forbidden, Unauthenticated, Unavailable
+from bullpen.errors import BullpenError, Forbidden
 from bullpen.settings import Settings
 
 log = logging.getLogger(__name__)
 
-PATH = "/mcp"
-_CALLER = "bullpen.mcp.caller"  # the ASGI scope key the authenticated caller travels under
 INSTRUCTIONS = (
     "Bullpen runs tasks on a team of LLM agents. `list_agents` shows who can take work; "
     "`create_task` hands a prompt to one; `wait_for_task` (or `get_task`) returns its result "
@@ -77,7 +75,7 @@ async def _call_tool(
     ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
 ) -> types.CallToolResult:
     request = ctx.request
-    caller = request.scope.get(_CALLER) if isinstance(request, Request) else None
+    caller = request.scope.get(CALLER) if isinstance(request, Request) else None
     if not isinstance(caller, Caller):  # only reachable through `McpEndpoint`, which sets it
         return _error("Unauthenticated: this server takes requests only at /mcp with an API key")
     tool = TOOLS.get(params.name)
@@ -155,65 +153,15 @@ def build_server() -> Server[Any]:
     )
 
 
-class McpEndpoint:
-    """The ASGI endpoint at `/mcp`: authenticates, then hands the request to the SDK.
-
-    Only POST: stateless, the server opens no stream of its own (GET) and has no session to
-    end (DELETE); other methods get 405 problem+json, as the MCP spec allows.
-    """
-
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self._manager: StreamableHTTPSessionManager | None = None
-
-    @asynccontextmanager
-    async def run(self) -> AsyncIterator[None]:
-        """Serve while inside: the SDK's manager runs its task group (one per app start)."""
-        manager = StreamableHTTPSessionManager(
-            app=build_server(),
-            json_response=True,
-            stateless=True,
-            # Bearer keys only, never a cookie: a page on another origin has nothing to send,
-            # so the Host/Origin checks against DNS rebinding guard nothing here; Bullpen
-            # serves under whatever host name its operator gives it.
-            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-            max_request_body_size=self._settings.max_body_bytes,
-        )
-        async with manager.run():
-            self._manager = manager
-            try:
-                yield
-            finally:
-                self._manager = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope, receive)
-        try:
-            if request.method != "POST":
-                problem = problems.problem(
-                    405,
-                    "method-not-allowed",
-                    "Method not allowed",
-                    f"{request.method} is not allowed on {PATH}: MCP requests are POSTs.",
-                    instance=PATH,
-                    headers={"Allow": "POST"},
-                )
-                await problem(scope, receive, send)
-                return
-            manager = self._manager
-            if manager is None:
-                raise Unavailable("the MCP server is not running", retry_after=1)
-            svc = services_of(request)
-            credentials = await bearer(request)
-            if (
-                credentials is None
-            ):  # a session cookie is not taken: MCP requests carry no CSRF proof
-                raise Unauthenticated(
-                    f"send `Authorization: Bearer <api key>`: {PATH} takes API keys"
-                )
-            principal = await authenticate(request, svc, credentials, None)
-        except BullpenError as err:
-            await (await problems.answer(request, err))(scope, receive, send)
-            return
-        scope[_CALLER] = Caller(principal, svc)
-        await manager.handle_request(scope, receive, send)
+def session_manager(settings: Settings) -> StreamableHTTPSessionManager:
+    """The SDK's manager of the stateless streamable-HTTP transport around `build_server()`."""
+    return StreamableHTTPSessionManager(
+        app=build_server(),
+        json_response=True,
+        stateless=True,
+        # Bearer keys only, never a cookie: a page on another origin has nothing to send, so
+        # the Host/Origin checks against DNS rebinding guard nothing here; Bullpen serves
+        # under whatever host name its operator gives it.
+        security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        max_request_body_size=settings.max_body_bytes,
+    )

@@ -8,6 +8,9 @@ audited). Then the HTTP edge: only API keys, only POST, problem+json before the 
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,12 +23,17 @@ import sqlalchemy as sa
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from bullpen.api.mcp.endpoint import PATH, McpEndpoint
+from bullpen.app import open_store, utcnow
 from bullpen.domain.principal import Role
+from bullpen.security.secrets import load_secret
+from bullpen.services.bootstrap import ensure_bootstrap
+from bullpen.settings import Settings
 from bullpen.store.tables import audit_events, task_comments, tasks
 from tests.support.db import count, rows
 from tests.support.http import bearer, call, problem, read
 from tests.support.seed import new_member, other_workspace
-from tests.support.servers import RunningServer
+from tests.support.servers import RunningServer, start_server
 from tests.support.team import faulty_provider
 
 TOOLS = {
@@ -278,3 +286,55 @@ async def test_mcp_requests_count_against_the_keys_rate_limit(
     assert statuses == [200, 200, 200, 429]
     problem(reply, 429)
     assert int(reply.headers["Retry-After"]) >= 1
+
+
+def test_the_app_starts_without_the_mcp_sdk() -> None:
+    """The SDK costs ~25 MB and 0.4 s of import: a fresh interpreter that builds the app and
+    its services' modules has not loaded it."""
+    script = (
+        "import sys\n"
+        "import bullpen.app, bullpen.cli.main\n"
+        "from bullpen.api.app import create_app\n"
+        "from bullpen.settings import Settings\n"
+        "create_app(Settings(_env_file=None))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mcp', 'mcp_types')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+async def test_the_mcp_server_starts_on_its_first_request_and_stops_with_the_app(
+    settings: Settings, http: aiohttp.ClientSession
+) -> None:
+    async with open_store(settings) as st:
+        boot = await ensure_bootstrap(
+            st, load_secret(settings.secret_key, settings.data_dir), utcnow
+        )
+    srv, task, base_url = await start_server(settings)
+    (endpoint,) = [r.app for r in srv.config.app.routes if getattr(r, "path", "") == PATH]
+    assert isinstance(endpoint, McpEndpoint)
+    rpc = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    headers = {"Accept": "application/json, text/event-stream"}
+    try:
+        assert not endpoint.started
+        async with http.post(base_url + PATH, json=rpc, headers=headers) as resp:
+            problem(await read(resp), 401)  # refused before the SDK is loaded
+        assert not endpoint.started
+
+        async def listed() -> set[str]:
+            key = bearer(boot.api_key)
+            async with http.post(base_url + PATH, json=rpc, headers={**headers, **key}) as resp:
+                reply = await read(resp)
+                assert reply.status == 200, reply.body
+                return {tool["name"] for tool in reply.body["result"]["tools"]}
+
+        # Requests arriving together while it starts all wait for the one start.
+        assert await asyncio.gather(*(listed() for _ in range(4))) == [TOOLS] * 4
+        assert endpoint.started
+    finally:
+        srv.should_exit = True
+        await asyncio.wait_for(task, 15)
+    assert not endpoint.started
