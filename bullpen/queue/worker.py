@@ -101,6 +101,7 @@ class Worker:
         self._claimed: dict[UUID, ClaimedRun] = {}  # the deliveries in flight here
         self._by_workspace: dict[UUID, int] = {}  # how many of them per workspace
         self._stops: dict[UUID, _Stop] = {}
+        self._ending: set[UUID] = set()  # runs past their agent, their outcome being recorded
         self._tasks: list[asyncio.Task[None]] = []
         self._draining = False
         # The last claim left runs waiting that it had room for (an agent at its cap, a
@@ -168,7 +169,10 @@ class Worker:
 
     def _lost(self, run_id: UUID) -> None:
         task = self._inflight.get(run_id)
-        if task is not None and run_id not in self._stops:
+        # A run whose outcome is being recorded is no longer running once that commits, which
+        # a renewal in the moment before its task ends would report as a lost lease; the
+        # fenced commit itself says whether the lease held.
+        if task is not None and run_id not in self._stops and run_id not in self._ending:
             log.warning("run %s: lease lost; stopping it", run_id)
             self._stops[run_id] = _Stop.LOST
             task.cancel()
@@ -235,6 +239,7 @@ class Worker:
                 self._by_workspace[run.workspace_id] = left
         self._inflight.pop(run_id, None)
         self._stops.pop(run_id, None)
+        self._ending.discard(run_id)
         # Every ended run frees a slot something queued may wait for: this worker's, its
         # workspace's share, or its agent's `max_concurrent_runs` (whichever process runs the
         # next one). This process has the free slot, so it looks now rather than at the
@@ -253,26 +258,25 @@ class Worker:
         interval = self._tuning.lease.total_seconds() / 3
         while True:
             await asyncio.sleep(interval)
-            try:
-                async with self._store.write() as conn:
-                    now = self._clock()
-                    lost = await run_store.renew(
-                        conn,
-                        owner=self.owner,
-                        held=self._holding(),
-                        now=now,
-                        lease=self._tuning.lease,
-                    )
-                    reaped = await reap(conn, now=now, policy=self._tuning.retry)
-            except BullpenError as err:
-                log.warning("lease renewal failed: %s", err.detail)
-                continue
-            except Exception:
-                log.exception("lease renewal failed unexpectedly")
-                continue
-            for h in lost:
-                self._lost(h.run_id)
-            self._after_redelivery(reaped)
+            await self._renew_leases()
+
+    async def _renew_leases(self) -> None:
+        try:
+            async with self._store.write() as conn:
+                now = self._clock()
+                lost = await run_store.renew(
+                    conn, owner=self.owner, held=self._holding(), now=now, lease=self._tuning.lease
+                )
+                reaped = await reap(conn, now=now, policy=self._tuning.retry)
+        except BullpenError as err:
+            log.warning("lease renewal failed: %s", err.detail)
+            return
+        except Exception:
+            log.exception("lease renewal failed unexpectedly")
+            return
+        for h in lost:
+            self._lost(h.run_id)
+        self._after_redelivery(reaped)
 
     def _after_redelivery(self, redelivered: list[tuple[Redelivery, RunEvent | None]]) -> None:
         ended = [event for _, event in redelivered if event is not None]
@@ -376,6 +380,7 @@ class Worker:
         except Exception:
             log.exception("run %s crashed", run.id)
             outcome = _ended(RunStatus.FAILED, "internal error while executing the run")
+        self._ending.add(run.id)
         if outcome.status is RunStatus.FAILED and outcome.transient:
             await self._retry_later(run, writer, outcome)
             return outcome

@@ -3,8 +3,10 @@ cancellation reaching a worker in another process."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
+from typing import Any
 
 import aiohttp
 import pytest
@@ -101,3 +103,37 @@ async def test_a_run_ending_frees_its_workspaces_room_at_once(
     for task in created:
         await wait_status(http, server, task["id"], "done")
     assert time.monotonic() - started < 10
+
+
+async def test_a_renewal_between_a_runs_end_and_its_task_ending_stops_nothing(
+    server: RunningServer,
+    http: aiohttp.ClientSession,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Under load the worker's task can end well after its run's end is committed; a lease
+    renewal in between finds the run no longer running. That is not a lost lease: nothing is
+    stopped, nothing warned, and the run counts as completed."""
+    worker = server.services.worker
+    assert worker is not None
+    eventlog = worker._eventlog
+    commit_final = eventlog.commit_final
+    renewed = []
+
+    async def then_renew(*args: Any, **kwargs: Any) -> bool:
+        applied: bool = await commit_final(*args, **kwargs)
+        await worker._renew_leases()  # the lease loop's turn, before this task ends
+        renewed.append(applied)
+        return applied
+
+    monkeypatch.setattr(eventlog, "commit_final", then_renew)
+    before = worker.completed
+    task = await new_task(http, server)
+    await wait_status(http, server, task["id"], "done")
+    for _ in range(200):
+        if worker.inflight == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert renewed == [True]
+    assert worker.completed == before + 1
+    assert "lease lost" not in caplog.text
