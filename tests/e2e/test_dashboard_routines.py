@@ -7,7 +7,7 @@ viewer sees no form."""
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -17,7 +17,7 @@ from playwright.async_api import Browser, BrowserContext, Page, expect
 
 from bullpen.domain.access import Role
 from tests.support.browser import CSP_PROBE, TIMEOUT_MS, PageErrors
-from tests.support.dashboard_checks import clean, sign_in
+from tests.support.dashboard_checks import clean, sign_in, without_javascript
 from tests.support.login import add_user
 from tests.support.team import until_ended
 
@@ -173,3 +173,167 @@ async def test_routines_page_previews_creates_fires_pauses_and_deletes(
     await expect(page).to_have_url(f"{server.base_url}/routines")
     await expect(page.locator('#routines tr[data-routine="monthly-report"]')).to_have_count(0)
     await clean(page, page_errors)
+
+
+def next_monday_nine() -> datetime:
+    """The next Monday 09:00 UTC: the schedule the edited routine starts with."""
+    now = datetime.now(UTC)
+    day = now.replace(hour=9, minute=0, second=0, microsecond=0)
+    while day.weekday() != 0 or day <= now:
+        day += timedelta(days=1)
+    return day
+
+
+async def test_routine_page_edits_with_the_preview_and_refuses_a_viewer(
+    server: Any, page: Page, page_errors: PageErrors, browser: Browser
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            f"{server.base_url}/api/v1/routines",
+            json={
+                "name": "weekly-digest",
+                "agent_id": str(server.boot.agent_id),
+                "cron": "0 9 * * 1",
+                "timezone": "UTC",
+                "prompt": "Write the weekly digest of the open tasks.",
+                "title": "Weekly digest",
+                "labels": ["ops"],
+            },
+            headers=server.auth,
+        ) as resp:
+            assert resp.status == 201, await resp.text()
+            routine = await resp.json()
+    url = f"/routines/{routine['id']}"
+    monday = next_monday_nine().strftime("%Y-%m-%d %H:%M UTC")
+
+    await sign_in(page, server)
+    await page.goto(url)
+    form = page.get_by_role("form", name="Edit routine")
+    await expect(form.get_by_label("Name", exact=True)).to_have_value("weekly-digest")
+    await expect(form.get_by_label("Cron expression")).to_have_value("0 9 * * 1")
+    await expect(form.get_by_label("Labels")).to_have_value("ops")
+    await expect(form.get_by_label("Active (fires on schedule)")).to_be_checked()
+    await clean(page, page_errors)
+
+    # The new schedule's next five fire times show as it is typed, before anything is saved.
+    await form.get_by_label("Cron expression").fill("61 * * * *")
+    await expect(page.locator("#preview .error")).to_contain_text("cron: ")
+    await form.get_by_label("Cron expression").fill(CRON)
+    await form.get_by_label("Time zone").fill(ZONE)
+    await preview_shows(page, first_of_months(5))
+    await expect(page.locator("#next-fire")).to_have_text(monday)  # not saved yet
+
+    # A value the API refuses: the API's own message, the form as typed.
+    await form.get_by_label("Prompt").fill("short")
+    await form.get_by_role("button", name="Save changes").click()
+    async with aiohttp.ClientSession() as http:
+        async with http.patch(
+            f"{server.base_url}/api/v1/routines/{routine['id']}",
+            json={"prompt": "short"},
+            headers=server.auth,
+        ) as resp:
+            assert resp.status == 422
+            [api_error] = (await resp.json())["errors"]
+    await expect(page.get_by_role("alert")).to_have_text(
+        f"{api_error['field']}: {api_error['message']}"
+    )
+    form = page.get_by_role("form", name="Edit routine")
+    await expect(form.get_by_label("Cron expression")).to_have_value(CRON)
+    await expect(page.locator("#next-fire")).to_have_text(monday)
+    await preview_shows(page, first_of_months(5))
+
+    # Saved: the page shows the new schedule and its fire times; one audit event, with only
+    # what changed.
+    await form.get_by_label("Prompt").fill("Write the monthly digest of the open tasks.")
+    await form.get_by_label("Name", exact=True).fill("monthly-digest")
+    await form.get_by_role("button", name="Save changes").click()
+    await expect(page).to_have_url(f"{server.base_url}{url}")
+    await expect(page.get_by_role("heading", level=1)).to_contain_text("monthly-digest")
+    expected = first_of_months(5)
+    await expect(page.locator("#next-fire")).to_have_text(
+        expected[0].astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    )
+    upcoming = page.locator("#upcoming li time")
+    await expect(upcoming).to_have_count(5)
+    assert [await t.get_attribute("datetime") for t in await upcoming.all()] == [
+        s.astimezone(UTC).isoformat() for s in expected
+    ]
+    await expect(page.locator("dl.facts")).to_contain_text(f"{CRON} in {ZONE}")
+    await expect(form.get_by_label("Time zone")).to_have_value(ZONE)
+    await clean(page, page_errors, 422)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(
+            f"{server.base_url}/api/v1/audit-events",
+            params={"action": "routine.update", "target_id": routine["id"]},
+            headers=server.auth,
+        ) as resp:
+            assert resp.status == 200
+            [event] = (await resp.json())["items"]
+    assert event["data"]["after"] == {
+        "name": "monthly-digest",
+        "cron": CRON,
+        "timezone": ZONE,
+        "prompt": "Write the monthly digest of the open tasks.",
+        "next_fire_at": expected[0].astimezone(UTC).isoformat(),
+    }
+    assert event["data"]["before"]["cron"] == "0 9 * * 1"
+    # The Audit page lists it too.
+    await page.goto(f"/audit?action=routine.update&target={routine['id']}")
+    rows = page.locator("#audit tbody tr[data-event-id]")
+    await expect(rows).to_have_count(1)
+    assert await rows.first.get_attribute("data-event-id") == event["id"]
+
+    # Without JavaScript, the Preview button shows the typed schedule's times, saving nothing.
+    plain = await without_javascript(browser, server)
+    try:
+        tab = await plain.new_page()
+        await sign_in(tab, server)
+        await tab.goto(url)
+        edit = tab.get_by_role("form", name="Edit routine")
+        await edit.get_by_label("Cron expression").fill("0 9 * * 1")
+        await edit.get_by_label("Time zone").fill("UTC")
+        await edit.get_by_role("button", name="Preview fire times").click()
+        times = tab.locator("#preview li time")
+        await expect(times).to_have_count(5)
+        assert await times.first.get_attribute("datetime") == next_monday_nine().isoformat()
+        edit = tab.get_by_role("form", name="Edit routine")
+        await expect(edit.get_by_label("Cron expression")).to_have_value("0 9 * * 1")
+        await expect(tab.locator("#next-fire")).to_have_text(
+            expected[0].astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        )
+    finally:
+        await plain.close()
+
+    # A viewer sees no edit form, and a forged edit (or preview) is refused, audited, and
+    # changes nothing.
+    viewer_id = await add_user(server, "viewer@example.com", PASSWORD, Role.VIEWER)
+    viewer = await no_js(browser, server)
+    try:
+        tab = await viewer.new_page()
+        await sign_in(tab, server, "viewer@example.com", PASSWORD)
+        await tab.goto(url)
+        await expect(tab.locator("#next-fire")).to_be_visible()
+        await expect(tab.get_by_role("form", name="Edit routine")).to_have_count(0)
+        assert await tab.locator("main form").count() == 0
+        csrf = await tab.locator('form.logout input[name="csrf"]').input_value()
+        for action in ("save", "preview"):
+            forged = await tab.request.post(
+                f"/ui/routines/{routine['id']}",
+                form={"csrf": csrf, "action": action, "cron": "* * * * *", "timezone": "UTC"},
+                headers={"Sec-Fetch-Site": "same-origin"},
+            )
+            assert forged.status == 403, action
+            assert "this needs the `agents:write` permission" in await forged.text()
+    finally:
+        await viewer.close()
+    async with aiohttp.ClientSession() as http:
+        async with http.get(
+            f"{server.base_url}/api/v1/routines/{routine['id']}", headers=server.auth
+        ) as resp:
+            assert (await resp.json())["cron"] == CRON
+        async with http.get(
+            f"{server.base_url}/api/v1/audit-events",
+            params={"action": "access.denied", "actor_id": str(viewer_id)},
+            headers=server.auth,
+        ) as resp:
+            assert len((await resp.json())["items"]) == 2

@@ -2,15 +2,15 @@
 action, target and time range, in keyset pages; for the roles with `audit:read` (others get
 the API's 403, audited, as the page's error).
 
-It reads through the store query behind `GET /api/v1/audit-events`, with the same filters and
-cursors, and a time range on top.
+It reads through the store query behind `GET /api/v1/audit-events`, with the same filters,
+cursors and time range (parsed and checked by the same `bullpen.api.instants`).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
@@ -18,7 +18,7 @@ from uuid import UUID
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from bullpen.api import cursor
+from bullpen.api import cursor, instants
 from bullpen.api.deps import ServicesDep
 from bullpen.api.routes.ui import Found, message, page, page_session, render
 from bullpen.app import Services
@@ -46,17 +46,6 @@ def _uuid(value: str, field: str) -> UUID | None:
         raise InvalidInput(f"{field}: not an id") from None
 
 
-def _instant(value: str, field: str) -> datetime | None:
-    """A `YYYY-MM-DD` or `YYYY-MM-DDTHH:MM[:SS]` in UTC (the form's fields), or an offset."""
-    if not value.strip():
-        return None
-    try:
-        when = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise InvalidInput(f"{field}: not a date and time (YYYY-MM-DDTHH:MM, UTC)") from None
-    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
-
-
 @dataclass(frozen=True, slots=True)
 class Filters:
     """The log's filters from the query string; empty ones are no filter."""
@@ -71,10 +60,9 @@ class Filters:
         """The store query's filters; a malformed one is InvalidInput (422)."""
         if len(self.action) > ACTION_MAX:
             raise InvalidInput(f"action: at most {ACTION_MAX} characters")
-        since = _instant(self.since, "since")
-        until = _instant(self.until, "until")
-        if since is not None and until is not None and until <= since:
-            raise InvalidInput("until: must be after since")
+        since, until = instants.time_range(
+            instants.parse(self.since, "since"), instants.parse(self.until, "until")
+        )
         return {
             "actor_id": _uuid(self.actor, "actor"),
             "action": self.action.strip() or None,

@@ -1,11 +1,12 @@
 """The dashboard's routines page: every routine with its schedule and next fire, a create form
 that previews the next five fire times before saving (a button that works without
 JavaScript, and with htmx as you type), and a routine's page with its fire history, fire now,
-pause, resume and delete.
+pause, resume, delete, and an edit form of the same fields and preview.
 
-Every read and change goes through the routine service, as the API's do; the create form is
-checked by the API's own schema and schedule rules, so a bad cron expression or time zone
-reads as the API would say it.
+Every read and change goes through the routine service, as the API's do; the create and edit
+forms are checked by the API's own schemas (`RoutineCreate`, `RoutineUpdate`) and schedule
+rules, so a bad cron expression or time zone reads as the API would say it. An edit sends the
+API's update only the fields that differ from the routine's.
 """
 
 from __future__ import annotations
@@ -31,8 +32,16 @@ from bullpen.api.routes.ui import (
     refused,
     render,
 )
-from bullpen.api.schemas.routines import CatchUp, Concurrency, Cron, RoutineCreate, TimeZone
+from bullpen.api.schemas.routines import (
+    CatchUp,
+    Concurrency,
+    Cron,
+    RoutineCreate,
+    RoutineUpdate,
+    TimeZone,
+)
 from bullpen.app import Services
+from bullpen.domain.access import Permission, need
 from bullpen.domain.records import RoutineRecord
 from bullpen.errors import BullpenError, InvalidInput
 from bullpen.services.routines import PREVIEW_SLOTS, next_slots, zones
@@ -167,6 +176,50 @@ def _integer(text: str) -> int | str:
         return text
 
 
+def _fields(form: dict[str, str]) -> dict[str, Any]:
+    """A routine's form as the API's JSON body would carry it (checked by the API's schema)."""
+    return {
+        "name": form.get("name", "").strip(),
+        "agent_id": form.get("agent_id", ""),
+        "cron": form.get("cron", "").strip(),
+        "timezone": form.get("timezone", "").strip() or "UTC",
+        "prompt": form.get("prompt", ""),
+        "title": form.get("title", "").strip() or None,
+        "priority": _integer(form.get("priority", "") or "0"),
+        "labels": _labels(form.get("labels", "")),
+        "concurrency": form.get("concurrency", "skip"),
+        "catch_up": form.get("catch_up", "latest"),
+        "enabled": form.get("enabled") == "on",
+    }
+
+
+def _form_of(routine: RoutineRecord) -> dict[str, str]:
+    """A routine's settings as its edit form's fields."""
+    return {
+        "name": routine.name,
+        "agent_id": str(routine.agent_id),
+        "cron": routine.cron,
+        "timezone": routine.timezone,
+        "prompt": routine.prompt,
+        "title": routine.title or "",
+        "priority": str(routine.priority),
+        "labels": ", ".join(routine.labels),
+        "concurrency": routine.concurrency,
+        "catch_up": routine.catch_up,
+        "enabled": "on" if routine.enabled else "",
+    }
+
+
+def _changes(form: dict[str, str], routine: RoutineRecord) -> dict[str, Any]:
+    """The fields the form sets to something else than the routine has (a field the post does
+    not carry is left as it is), as the API's update body."""
+    sent, kept = _fields(form), _fields(_form_of(routine))
+    changes = {k: v for k, v in sent.items() if k in form and v != kept[k]}
+    if "title" in changes and changes["title"] is None:
+        changes["title"] = ""  # a title emptied: the API's own refusal (it takes no null)
+    return changes
+
+
 @router.post("/ui/routines", response_model=None)
 async def create_routine(request: Request, svc: ServicesDep) -> Response:
     """Create a routine, or (the Preview button) show its next five fire times first."""
@@ -184,21 +237,7 @@ async def create_routine(request: Request, svc: ServicesDep) -> Response:
             shown=shown,
         )
     try:
-        body = RoutineCreate.model_validate(
-            {
-                "name": form.get("name", "").strip(),
-                "agent_id": form.get("agent_id", ""),
-                "cron": form.get("cron", "").strip(),
-                "timezone": form.get("timezone", "").strip() or "UTC",
-                "prompt": form.get("prompt", ""),
-                "title": form.get("title", "").strip() or None,
-                "priority": _integer(form.get("priority", "") or "0"),
-                "labels": _labels(form.get("labels", "")),
-                "concurrency": form.get("concurrency", "skip"),
-                "catch_up": form.get("catch_up", "latest"),
-                "enabled": form.get("enabled") == "on",
-            }
-        )
+        body = RoutineCreate.model_validate(_fields(form))
         values = body.model_dump(mode="json")
         values["agent_id"] = body.agent_id
         row = await svc.routines.create(found[1].principal, values)
@@ -222,6 +261,8 @@ async def _routine(
     status: int = 200,
     error: str | None = None,
     confirm: bool = False,
+    form: dict[str, str] | None = None,
+    shown: Preview | None = None,
 ) -> HTMLResponse:
     principal = found[1].principal
     try:
@@ -245,6 +286,16 @@ async def _routine(
         upcoming=upcoming,
         confirm=confirm,
         fires_shown=FIRES_SHOWN,
+        form=form or _form_of(routine),
+        edited=form is not None,
+        agents=agents,
+        preview=shown,
+        preview_hint=f"Change the schedule to see its next {PREVIEW_SLOTS} fire times here "
+        "before saving.",
+        zones=zones(),
+        preview_slots=PREVIEW_SLOTS,
+        concurrency=[c.value for c in Concurrency],
+        catch_up=[c.value for c in CatchUp],
     )
 
 
@@ -253,6 +304,55 @@ async def routine_page(routine_id: UUID, request: Request, svc: ServicesDep) -> 
     """One routine: its schedule, next fire times, fire history and actions."""
     found = await page_session(request, svc)
     return await _routine(request, svc, found, routine_id)
+
+
+@router.post("/ui/routines/{routine_id}", response_model=None)
+async def edit_routine(routine_id: UUID, request: Request, svc: ServicesDep) -> Response:
+    """Change a routine (as the API's update: only what differs), or (the Preview button) show
+    the next five fire times of the schedule typed first. Both need `agents:write`."""
+    form = await _form(request)
+    found = await form_session(request, svc, form.get("csrf", ""))
+    principal = found[1].principal
+    kept = {k: v for k, v in form.items() if k not in {"csrf", "action"}}
+    shown = preview(svc, form.get("cron", ""), form.get("timezone", ""))
+    try:
+        need(principal, Permission.AGENTS_WRITE)  # the preview too: it is part of editing
+        if form.get("action") == "preview":
+            return await _routine(
+                request,
+                svc,
+                found,
+                routine_id,
+                status=422 if shown.error else 200,
+                form=kept,
+                shown=shown,
+            )
+        routine = await svc.routines.get(principal, routine_id)
+        changes = RoutineUpdate.model_validate(_changes(kept, routine))
+        values = changes.model_dump(mode="json", exclude_unset=True)
+        if "agent_id" in values:
+            values["agent_id"] = changes.agent_id
+        await svc.routines.update(principal, routine_id, values)
+    except ValidationError as err:
+        error = _validation_message(err)
+        return await _routine(
+            request, svc, found, routine_id, status=422, error=error, form=kept, shown=shown
+        )
+    except BullpenError as err:
+        await refused(request, err)
+        if err.status == 403:
+            return await _routine(request, svc, found, routine_id, status=403, error=err.detail)
+        return await _routine(
+            request,
+            svc,
+            found,
+            routine_id,
+            status=err.status,
+            error=err.detail,
+            form=kept,
+            shown=shown,
+        )
+    return RedirectResponse(f"/routines/{routine_id}", status_code=303)
 
 
 @router.post("/ui/routines/{routine_id}/fire", response_model=None)
