@@ -1,18 +1,26 @@
-"""Run Alembic migrations to head on start and via `bullpen migrate`."""
+"""Run Alembic migrations to head on start and via `bullpen migrate`.
+
+A database already at the newest revision, every start but the first after an upgrade, is
+recognised without Alembic: its `alembic_version` row is compared with the newest migration
+file's revision. Alembic (and Mako, and every migration module) is imported only when there is
+something to migrate, which keeps about 10 MB of memory and a fraction of a second of start
+out of every process.
+"""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
+import sqlalchemy as sa
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from bullpen.store.base import Store
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 _LOCK_ID = 0x6270_6D69  # "bpmi": serialises concurrent migrators on PostgreSQL
@@ -20,8 +28,24 @@ _LOCK_ID = 0x6270_6D69  # "bpmi": serialises concurrent migrators on PostgreSQL
 log = logging.getLogger(__name__)
 
 
+def newest_revision() -> str:
+    """The newest migration's revision. Each file is `<revision>_<slug>.py` with revisions
+    numbered in order (tests/unit checks this against Alembic's own head)."""
+    return max(path.name.split("_", 1)[0] for path in (MIGRATIONS / "versions").glob("*_*.py"))
+
+
+def current_revision(connection: Connection) -> str | None:
+    """The database's revision, without Alembic; None for a database never migrated."""
+    if not sa.inspect(connection).has_table("alembic_version"):
+        return None
+    found = connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    return found[0] if len(found) == 1 else None
+
+
 def alembic_config(connection: Connection | None = None) -> Config:
     """An Alembic config pointing at the packaged migrations."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.attributes["connection"] = connection
@@ -29,6 +53,14 @@ def alembic_config(connection: Connection | None = None) -> Config:
 
 
 def _upgrade(connection: Connection) -> None:
+    newest = newest_revision()
+    if current_revision(connection) == newest:
+        log.info("database schema up to date (%s)", newest)
+        return
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
     if connection.dialect.name == "postgresql":
         connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _LOCK_ID})
     config = alembic_config(connection)

@@ -6,13 +6,14 @@ import logging
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from alembic import command
 from alembic.script import ScriptDirectory
 
 from bullpen.settings import Settings
 from bullpen.store.base import Store
 from bullpen.store.engine import create_store
-from bullpen.store.migrate import alembic_config, migrate
+from bullpen.store.migrate import alembic_config, current_revision, migrate, newest_revision
 
 HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()
 
@@ -49,3 +50,32 @@ async def test_a_migration_says_from_where_to_where_in_one_line(
     else:
         first = f"database schema migrated {start} → {HEAD} ({int(HEAD) - int(start)} revisions)"
     assert said(caplog) == [first, f"database schema up to date ({HEAD})"]
+
+
+def test_the_newest_migration_file_is_alembics_head() -> None:
+    """Start-up recognises a current schema by the newest file's revision, without Alembic."""
+    assert newest_revision() == HEAD
+
+
+async def test_a_current_schema_is_recognised_without_alembic(
+    store: Store, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_alembic(*args: object, **kwargs: object) -> None:
+        raise AssertionError("alembic ran for a schema already at its head")
+
+    monkeypatch.setattr(command, "upgrade", no_alembic)
+    caplog.set_level(logging.INFO)
+    await migrate(store)
+    assert said(caplog) == [f"database schema up to date ({HEAD})"]
+    assert await store.run_sync(current_revision) == HEAD
+
+
+async def test_a_database_at_an_unknown_revision_still_goes_to_alembic(
+    store: Store, tmp_path: Path
+) -> None:
+    """A schema this code does not know (a newer release's) is Alembic's to refuse."""
+    await store.run_sync(
+        lambda c: c.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
+    )
+    with pytest.raises(Exception, match="9999"):
+        await migrate(store)
