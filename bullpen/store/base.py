@@ -32,9 +32,10 @@ from bullpen.errors import BullpenError, Unavailable
 log = logging.getLogger(__name__)
 
 _UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError, OSError)
-# SQLSTATE classes meaning "the server is away or going away", whatever the driver's error
-# class: 08 connection exception, 57P01–57P03 shut down / crashed / starting up.
-_UNAVAILABLE_SQLSTATES = ("08", "57P01", "57P02", "57P03")
+# SQLSTATEs meaning "the server is away, going away or full", whatever the driver's error
+# class: 08 connection exception, 57P01–57P03 shut down / crashed / starting up, 53300 too many
+# connections (the server's `max_connections`, or a role's or database's connection limit).
+_UNAVAILABLE_SQLSTATES = ("08", "57P01", "57P02", "57P03", "53300")
 
 
 def _unreachable(err: BaseException, detail: str | None = None) -> Unavailable | None:
