@@ -92,19 +92,20 @@ async def last_seqs(conn: Connection, run_ids: Sequence[UUID]) -> dict[UUID, int
     return {row.run_id: int(row.seq) for row in rows}
 
 
-async def task_run_ids(conn: Connection, task_id: UUID) -> list[UUID]:
-    """The task's runs, oldest first (a task stream's run numbers are positions here)."""
-    result = await conn.execute(
-        sa.select(runs.c.id).where(runs.c.task_id == task_id).order_by(runs.c.queued_at, runs.c.id)
-    )
-    return list(result.scalars())
-
-
-async def task_status(conn: Connection, task_id: UUID) -> str | None:
-    """The task's status, or None once it is gone."""
-    return (
-        await conn.execute(sa.select(tasks.c.status).where(tasks.c.id == task_id))
-    ).scalar_one_or_none()
+async def task_runs(conn: Connection, task_id: UUID) -> tuple[str | None, list[UUID]]:
+    """The task's status (None once it is gone) and its runs, oldest first (a task stream's run
+    numbers are positions here), read together in one statement."""
+    rows = (
+        await conn.execute(
+            sa.select(tasks.c.status, runs.c.id)
+            .select_from(tasks.outerjoin(runs, runs.c.task_id == tasks.c.id))
+            .where(tasks.c.id == task_id)
+            .order_by(runs.c.queued_at, runs.c.id)
+        )
+    ).all()
+    if not rows:
+        return None, []
+    return rows[0].status, [row.id for row in rows if row.id is not None]
 
 
 async def after(conn: Connection, *, run_id: UUID, after_seq: int, limit: int) -> list[RunEvent]:

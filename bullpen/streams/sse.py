@@ -93,7 +93,7 @@ async def task_stream(
     number, after = cursor.run, cursor.seq
     while True:
         async with store.read() as conn:
-            run_ids = await event_store.task_run_ids(conn, task_id)
+            status, run_ids = await event_store.task_runs(conn, task_id)
         if number <= len(run_ids):
             run_id = run_ids[number - 1]
             yield _marker("run", {"run_id": str(run_id), "number": number})
@@ -103,8 +103,6 @@ async def task_stream(
                 yield frame
             number, after = number + 1, 0
             continue
-        async with store.read() as conn:
-            status = await event_store.task_status(conn, task_id)
         if status is None or TaskStatus(status) in TERMINAL_TASK:
             yield _marker("close", {"reason": "task-ended", "status": status})
             return
@@ -126,14 +124,19 @@ async def _follow(
 ) -> AsyncIterator[bytes]:
     """One run's frames after `after_seq`, replayed then live, until its `end` event."""
     last = after_seq
+    # Only a resume can start at or past the run's end: the replay shows every later event,
+    # the end among them. Asked once; a fresh stream (after 0) never asks.
+    resumed = after_seq > 0
     while True:
         async for stored in _replay(store, run_id, last):
             yield frame(stored)
             last = stored.seq
             if stored.is_end:
                 return
-        if await _ended_by(store, run_id, last):
-            return  # a resume from at or past the end has nothing more to wait for
+        if resumed:
+            resumed = False
+            if await _ended_by(store, run_id, after_seq):
+                return  # a resume from at or past the end has nothing more to wait for
         while True:
             event = await live.get(keepalive_s)
             if live.lagged:

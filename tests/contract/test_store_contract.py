@@ -194,7 +194,8 @@ async def test_events_are_unique_per_seq_and_read_in_order(store: Store) -> None
     async with store.read() as conn:
         got = await event_store.after(conn, run_id=run_id, after_seq=1, limit=10)
         assert await event_store.last_seq(conn, run_id) == 3
-        assert await event_store.task_run_ids(conn, task_id) == [run_id]
+        assert await event_store.task_runs(conn, task_id) == ("queued", [run_id])
+        assert await event_store.task_runs(conn, uuid.uuid4()) == (None, [])
     assert [e.seq for e in got] == [2, 3] and got[0].data == {"text": "2"}
     with pytest.raises(sa.exc.IntegrityError):
         async with store.write() as conn:
