@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hmac
 import time
 from collections.abc import Callable
@@ -68,12 +70,14 @@ class AuthService:
         # other processes' changes apply within `key_cache_s`.
         self._key_cache_s = key_cache_s
         self._keys: dict[bytes, tuple[float, identity.KeyRecord]] = {}
+        self._reading: dict[bytes, asyncio.Future[identity.KeyRecord | None]] = {}
         self._keys_generation = 0
         if key_cache_s > 0:
             store.watch(identity.KEY_SOURCES, self._forget_keys)
 
     def _forget_keys(self) -> None:
         self._keys.clear()
+        self._reading.clear()  # a read begun before the write may return the old row
         self._keys_generation += 1
 
     async def authenticate_key(self, token: str) -> Principal:
@@ -111,10 +115,29 @@ class AuthService:
         )
 
     async def _key(self, digest: bytes) -> identity.KeyRecord | None:
-        """The key's record: cached for `key_cache_s`, unknown keys never."""
+        """The key's record: cached for `key_cache_s`, unknown keys never. Requests that miss
+        while the key is being read wait for that one read (when an entry expires, every
+        request with the key in flight would otherwise read it again)."""
         cached = self._keys.get(digest)
         if cached is not None and cached[0] > time.monotonic():
             return cached[1]
+        if self._key_cache_s <= 0:
+            return await self._read_key(digest)
+        reading = self._reading.get(digest)
+        if reading is None:
+            reading = asyncio.ensure_future(self._read_key(digest))
+            self._reading[digest] = reading
+            reading.add_done_callback(functools.partial(self._read_done, digest))
+        # Shielded: a request that goes away must not cancel the read others wait on.
+        return await asyncio.shield(reading)
+
+    def _read_done(self, digest: bytes, done: asyncio.Future[identity.KeyRecord | None]) -> None:
+        if self._reading.get(digest) is done:
+            del self._reading[digest]
+        if not done.cancelled():
+            done.exception()  # retrieved: every waiter may have gone
+
+    async def _read_key(self, digest: bytes) -> identity.KeyRecord | None:
         generation = self._keys_generation
         async with self._store.read() as conn:
             record = await identity.find_api_key(conn, digest)

@@ -341,6 +341,33 @@ async def test_creating_tasks_keeps_the_key_cached(
     assert len(lookups) <= 2, lookups
 
 
+@pytest.mark.with_settings(api_key_cache_s=30.0, worker_enabled=False)
+async def test_requests_missing_the_key_cache_together_read_the_key_once(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    """When a key's entry has lapsed, every request with it in flight missed the cache and
+    read the key again; now they wait for one read."""
+    lookups: list[str] = []
+    sync_engine = server.services.store.engine
+    sync_engine = sync_engine if isinstance(sync_engine, sa.Engine) else sync_engine.sync_engine
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "FROM api_keys" in statement:
+            lookups.append(statement)
+
+    assert (await call(http, server, "GET", "/api/v1/tasks", server.auth)).status == 200
+    server.services.auth._forget_keys()  # as when the entry lapses
+    sa.event.listen(sync_engine, "before_cursor_execute", seen)
+    try:
+        replies = await asyncio.gather(
+            *(call(http, server, "GET", "/api/v1/tasks", server.auth) for _ in range(20))
+        )
+    finally:
+        sa.event.remove(sync_engine, "before_cursor_execute", seen)
+    assert [reply.status for reply in replies] == [200] * 20
+    assert len(lookups) == 1, lookups
+
+
 async def from_another_process(server: RunningServer, statement: Any) -> None:
     """Run `statement` on a connection of its own, as another process would: this process
     hears nothing of it (its caches are not told)."""
