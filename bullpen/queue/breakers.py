@@ -89,12 +89,16 @@ async def after_run(
                 now=now,
             )
             return
-    elif outcome.status is RunStatus.DONE:
-        await breaker_store.run_succeeded(conn, run.agent_id)
     usd = limits.usd_per_hour
+    succeeded = outcome.status is RunStatus.DONE
     if usd is None:
+        if succeeded:
+            await breaker_store.run_succeeded(conn, run.agent_id)
         return
-    spent = await breaker_store.spent(conn, run.agent_id, _since(run, now))
+    if succeeded:
+        spent = await breaker_store.succeeded_and_spent(conn, run.agent_id, _since(run, now))
+    else:
+        spent = await breaker_store.spent(conn, run.agent_id, _since(run, now))
     if spent >= usd:
         await breaker_store.trip_breaker(
             conn,

@@ -49,12 +49,13 @@ _FAILED = (
     .execution_options(**{UNWATCHED: True})
 )
 # A success on an agent without failures matches no row, so it writes (and locks) nothing.
-_SUCCEEDED = (
+_RESET = (
     agents.update()
     .where(agents.c.id == sa.bindparam("agent_id"), agents.c.failures_in_a_row != 0)
     .values(failures_in_a_row=0)
-    .execution_options(**{UNWATCHED: True})
 )
+_SUCCEEDED = _RESET.execution_options(**{UNWATCHED: True})
+_SUCCEEDED_SPENT = _SPENT.add_cte(_RESET.cte("reset")).execution_options(**{UNWATCHED: True})
 
 
 async def runs_started(conn: Connection, agent_id: UUID, since: datetime, bound: int) -> int:
@@ -78,6 +79,16 @@ async def run_failed(conn: Connection, agent_id: UUID) -> int:
 async def run_succeeded(conn: Connection, agent_id: UUID) -> None:
     """A run ended well: the agent's failures in a row start again from zero."""
     await conn.execute(_SUCCEEDED, {"agent_id": agent_id})
+
+
+async def succeeded_and_spent(conn: Connection, agent_id: UUID, since: datetime) -> float:
+    """`run_succeeded`, then `spent`: on PostgreSQL in one statement (the update rides in a
+    CTE, which runs whether or not the query reads it), one round trip fewer per run's end."""
+    params = {"agent_id": agent_id, "since": since}
+    if conn.dialect.name != "postgresql":
+        await conn.execute(_SUCCEEDED, {"agent_id": agent_id})
+        return await spent(conn, agent_id, since)
+    return float((await conn.execute(_SUCCEEDED_SPENT, params)).scalar_one())
 
 
 async def trip_breaker(
