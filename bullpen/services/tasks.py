@@ -169,6 +169,15 @@ class TaskService:
             run_rows = await task_store.runs_for_tasks(conn, [task_id])
         return task, run_rows.get(task_id)
 
+    async def runs_of(self, principal: Principal, task_id: UUID) -> event_store.TaskRuns:
+        """The task's status and runs, as its event stream starts from them (one statement);
+        another workspace's task is NotFound."""
+        async with self._store.read() as conn:
+            found = await event_store.task_runs(conn, task_id, principal.workspace_id)
+        if found[0] is None:
+            raise NotFound("no such task")
+        return found
+
     async def list(
         self,
         principal: Principal,

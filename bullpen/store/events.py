@@ -92,17 +92,22 @@ async def last_seqs(conn: Connection, run_ids: Sequence[UUID]) -> dict[UUID, int
     return {row.run_id: int(row.seq) for row in rows}
 
 
-async def task_runs(conn: Connection, task_id: UUID) -> tuple[str | None, list[UUID]]:
-    """The task's status (None once it is gone) and its runs, oldest first (a task stream's run
-    numbers are positions here), read together in one statement."""
-    rows = (
-        await conn.execute(
-            sa.select(tasks.c.status, runs.c.id)
-            .select_from(tasks.outerjoin(runs, runs.c.task_id == tasks.c.id))
-            .where(tasks.c.id == task_id)
-            .order_by(runs.c.queued_at, runs.c.id)
-        )
-    ).all()
+# A task's status (None: gone) and its runs' ids, oldest first.
+TaskRuns = tuple[str | None, list[UUID]]
+
+
+async def task_runs(conn: Connection, task_id: UUID, workspace_id: UUID | None = None) -> TaskRuns:
+    """The task's status (None once it is gone, or if it is not `workspace_id`'s) and its runs,
+    oldest first (a task stream's run numbers are positions here), in one statement."""
+    query = (
+        sa.select(tasks.c.status, runs.c.id)
+        .select_from(tasks.outerjoin(runs, runs.c.task_id == tasks.c.id))
+        .where(tasks.c.id == task_id)
+        .order_by(runs.c.queued_at, runs.c.id)
+    )
+    if workspace_id is not None:
+        query = query.where(tasks.c.workspace_id == workspace_id)
+    rows = (await conn.execute(query)).all()
     if not rows:
         return None, []
     return rows[0].status, [row.id for row in rows if row.id is not None]

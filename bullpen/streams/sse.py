@@ -24,6 +24,7 @@ from bullpen.domain.events import RunEvent
 from bullpen.domain.status import TERMINAL_TASK, TaskStatus
 from bullpen.store import events as event_store
 from bullpen.store.base import Store
+from bullpen.store.events import TaskRuns
 from bullpen.streams.bus.memory import Subscriber
 
 REPLAY_PAGE = 500
@@ -87,13 +88,23 @@ async def run_stream(
 
 
 async def task_stream(
-    store: Store, live: Subscriber, task_id: UUID, cursor: TaskCursor, keepalive_s: float
+    store: Store,
+    live: Subscriber,
+    task_id: UUID,
+    cursor: TaskCursor,
+    keepalive_s: float,
+    first: TaskRuns | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """Frames of every run of the task from `cursor` on, then a `close` event."""
+    """Frames of every run of the task from `cursor` on, then a `close` event. `first`: the
+    task's status and runs as read after `live` was opened (`event_store.task_runs`), which
+    saves the stream its own first read."""
     number, after = cursor.run, cursor.seq
     while True:
-        async with store.read() as conn:
-            status, run_ids = await event_store.task_runs(conn, task_id)
+        if first is not None:
+            (status, run_ids), first = first, None
+        else:
+            async with store.read() as conn:
+                status, run_ids = await event_store.task_runs(conn, task_id)
         if number <= len(run_ids):
             run_id = run_ids[number - 1]
             yield _marker("run", {"run_id": str(run_id), "number": number})

@@ -299,16 +299,24 @@ async def task_events(
     after `Last-Event-ID`, then live; a `close` event once the task has finished. With
     `subtasks`, the tree's status changes too (as `task` events, in the order they
     committed)."""
-    await svc.tasks.get(principal, task_id)
-    live = svc.bus.open(task_id, principal.workspace_id)
     keepalive = svc.settings.sse_keepalive_s
     if not subtasks:
         task_part, _ = split_cursor(last_event_id)
+        cursor_ = TaskCursor.parse(task_part)
+        # Listening before the first read: what changes after it is heard.
+        live = svc.bus.open(task_id, principal.workspace_id)
+        try:
+            first = await svc.tasks.runs_of(principal, task_id)
+        except BaseException:
+            live.close()
+            raise
         return EventStream(
-            task_stream(svc.store, live, task_id, TaskCursor.parse(task_part), keepalive),
+            task_stream(svc.store, live, task_id, cursor_, keepalive, first),
             on_close=live.close,
             write_timeout_s=svc.settings.sse_write_timeout_s,
         )
+    await svc.tasks.get(principal, task_id)
+    live = svc.bus.open(task_id, principal.workspace_id)
     try:
         feed, close_feed = await svc.feeds.open(principal.workspace_id, counted=False)
     except BaseException:
