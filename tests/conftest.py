@@ -5,8 +5,8 @@ Fixtures and hooks only: what tests import lives in tests/support/.
 
 from __future__ import annotations
 
-import asyncio
 import os
+import shutil
 import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -16,9 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bullpen.app import open_store, utcnow
-from bullpen.security.secrets import load_secret
-from bullpen.services.bootstrap import ensure_bootstrap
+from bullpen.app import open_store
 from bullpen.settings import Settings
 from bullpen.store.base import Store
 from tests.support import suite
@@ -29,7 +27,7 @@ from tests.support.servers import (
     FAST_SIM,
     RunningServer,
     marked_settings,
-    start_server,
+    serving,
 )
 
 
@@ -69,6 +67,24 @@ def pg_template(pg_available: bool) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite database migrated to head that each SQLite test copies, as PostgreSQL tests
+    clone `pg_template`: migrating from empty took 1.5-4 s a test on two busy cores. One per
+    process. Migrating from empty is still tested: here, once a worker, and by the tests that
+    open their own data directory (tests/integration/store/test_migration_log.py, the CLI's)."""
+    directory = tmp_path_factory.mktemp("sqlite_template")
+
+    async def create() -> None:
+        async with open_store(Settings(data_dir=directory, secret_key="t" * 40)):
+            pass  # closing checkpoints the WAL into the file and removes it
+
+    run_apart(create())
+    template = directory / "bullpen.db"
+    assert template.is_file() and not (directory / "bullpen.db-wal").exists()
+    return template
+
+
+@pytest.fixture(scope="session")
 def pgbouncer(pg_available: bool) -> Iterator[PgBouncer]:
     """PgBouncer in transaction mode before the PostgreSQL server; one per process."""
     with running_pgbouncer() as running:
@@ -101,7 +117,13 @@ async def settings(
         **marked_settings(request),
     }
     if backend == "sqlite":
-        yield Settings(**base)
+        made = Settings(**base)
+        path = Path(made.resolved_database_url.removeprefix("sqlite:///"))
+        if made.is_sqlite and str(path) != ":memory:" and not path.exists():
+            # The migrated template's copy: opening it migrates nothing (`sqlite_template`).
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        yield made
         return
     template = request.getfixturevalue("pg_template")
     name = f"bullpen_t_{uuid.uuid4().hex[:12]}"
@@ -131,17 +153,8 @@ async def store(settings: Settings) -> AsyncIterator[Store]:
 @pytest.fixture
 async def server(settings: Settings) -> AsyncIterator[RunningServer]:
     """A bootstrapped server (API + worker + simulated provider) for this test."""
-    async with open_store(settings) as st:
-        boot = await ensure_bootstrap(
-            st, load_secret(settings.secret_key, settings.data_dir), utcnow
-        )
-    srv, task, base_url = await start_server(settings)
-    app = srv.config.app
-    try:
-        yield RunningServer(base_url, app.state.services, boot, settings)
-    finally:
-        srv.should_exit = True
-        await asyncio.wait_for(task, 15)
+    async with serving(settings) as running:
+        yield running
 
 
 @pytest.fixture

@@ -19,6 +19,10 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+# The event loop the browser tests run in (tests/e2e/conftest.py): the session's, since one
+# Chromium serves a process's browser tests and Playwright's objects belong to one loop.
+BROWSER_LOOP = "session"
+
 # Short enough that a broken page fails fast, long enough for a loaded CI machine.
 TIMEOUT_MS = 10_000
 

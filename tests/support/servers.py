@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,8 +14,9 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from bullpen.api.app import create_app
 from bullpen.api.edge import server_config
-from bullpen.app import Services
-from bullpen.services.bootstrap import Bootstrap
+from bullpen.app import Services, open_store, utcnow
+from bullpen.security.secrets import load_secret
+from bullpen.services.bootstrap import Bootstrap, ensure_bootstrap
 from bullpen.settings import Settings
 
 BACKENDS = ["sqlite", "postgres"]
@@ -73,3 +76,20 @@ async def start_server(
         raise RuntimeError("server did not start")
     port = server.servers[0].sockets[0].getsockname()[1]
     return server, task, f"http://127.0.0.1:{port}"
+
+
+@asynccontextmanager
+async def serving(settings: Settings) -> AsyncIterator[RunningServer]:
+    """A bootstrapped server (API + worker + simulated provider) on `settings`, in this event
+    loop; stopped on exit. The `server` fixtures' body."""
+    async with open_store(settings) as st:
+        boot = await ensure_bootstrap(
+            st, load_secret(settings.secret_key, settings.data_dir), utcnow
+        )
+    srv, task, base_url = await start_server(settings)
+    app = srv.config.app
+    try:
+        yield RunningServer(base_url, app.state.services, boot, settings)
+    finally:
+        srv.should_exit = True
+        await asyncio.wait_for(task, 15)
