@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from bullpen.domain.events import EventKind, RunEvent
-from bullpen.domain.status import TERMINAL_RUN
+from bullpen.domain.status import TERMINAL_RUN, RunStatus
 from bullpen.store.base import Connection
 from bullpen.store.tables import UTCDateTime, run_events, runs, tasks
 
@@ -68,6 +68,81 @@ async def append(
             for ev, ws in zip(events, workspace_ids, strict=True)
         ],
     )
+
+
+# The fence and the insert in one statement: the runs of fenced events that their attempt
+# still holds are share-locked (in id order, so concurrent lockers cannot deadlock) for the
+# statement's transaction, a fenced event is inserted only if its attempt holds its run, and
+# the holders come back. Run alone it is one round trip for a whole group commit.
+_PG_APPEND_FENCED = sa.text(
+    "WITH held AS (SELECT id, attempt FROM runs WHERE id = ANY(:fenced) "
+    "AND status = :running ORDER BY id FOR SHARE), "
+    "ins AS (INSERT INTO run_events (run_id, seq, workspace_id, task_id, kind, data, created_at) "
+    "SELECT r, s, w, t, k, CAST(d AS jsonb), :now FROM unnest(:runs, :seqs, :workspaces, "
+    ":tasks, :kinds, :datas, :attempts) AS u(r, s, w, t, k, d, a) "
+    "WHERE a IS NULL OR EXISTS (SELECT 1 FROM held WHERE held.id = u.r AND held.attempt = u.a)) "
+    "SELECT id, attempt FROM held"
+).bindparams(
+    sa.bindparam("fenced", type_=postgresql.ARRAY(sa.Uuid)),
+    sa.bindparam("running", value=RunStatus.RUNNING.value, type_=sa.String),
+    sa.bindparam("runs", type_=postgresql.ARRAY(sa.Uuid)),
+    sa.bindparam("seqs", type_=postgresql.ARRAY(sa.Integer)),
+    sa.bindparam("workspaces", type_=postgresql.ARRAY(sa.Uuid)),
+    sa.bindparam("tasks", type_=postgresql.ARRAY(sa.Uuid)),
+    sa.bindparam("kinds", type_=postgresql.ARRAY(sa.String)),
+    sa.bindparam("datas", type_=postgresql.ARRAY(sa.Text)),
+    sa.bindparam("attempts", type_=postgresql.ARRAY(sa.Integer)),
+    sa.bindparam("now", type_=UTCDateTime),
+)
+
+
+async def append_fenced(
+    conn: Connection,
+    events: Sequence[RunEvent],
+    workspace_ids: Sequence[UUID],
+    attempts: Sequence[int | None],
+    now: datetime,
+) -> dict[UUID, int]:
+    """Insert the events whose attempt (None: not fenced) still holds its run; returns the
+    attempt holding each running run among the fenced ones (`run_store.holders`).
+
+    PostgreSQL: one statement, the held runs share-locked until the transaction ends, so no
+    re-queue or claim slips in between the check and the insert (see `_PG_APPEND_FENCED`).
+    SQLite: the check, then the insert of what passed it, in the caller's write transaction
+    (one writer at a time).
+    """
+    fenced = list({ev.run_id for ev, a in zip(events, attempts, strict=True) if a is not None})
+    if conn.dialect.name == "postgresql":
+        if not events:
+            return {}
+        rows = await conn.execute(
+            _PG_APPEND_FENCED,
+            {
+                "fenced": fenced,
+                "runs": [ev.run_id for ev in events],
+                "seqs": [ev.seq for ev in events],
+                "workspaces": list(workspace_ids),
+                "tasks": [ev.task_id for ev in events],
+                "kinds": [ev.kind.value for ev in events],
+                "datas": [orjson.dumps(ev.data).decode() for ev in events],
+                "attempts": list(attempts),
+                "now": now,
+            },
+        )
+        return {row.id: int(row.attempt) for row in rows}
+    held: dict[UUID, int] = {}
+    if fenced:
+        query = sa.select(runs.c.id, runs.c.attempt).where(
+            runs.c.id.in_(fenced), runs.c.status == RunStatus.RUNNING.value
+        )
+        held = {row.id: int(row.attempt) for row in await conn.execute(query)}
+    kept = [
+        (ev, ws)
+        for ev, ws, a in zip(events, workspace_ids, attempts, strict=True)
+        if a is None or held.get(ev.run_id) == a
+    ]
+    await append(conn, [ev for ev, _ in kept], [ws for _, ws in kept], now)
+    return held
 
 
 async def last_seq(conn: Connection, run_id: UUID) -> int:

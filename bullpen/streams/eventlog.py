@@ -19,7 +19,6 @@ from uuid import UUID
 from bullpen.domain.events import EventKind, RunEvent
 from bullpen.errors import BullpenError
 from bullpen.store import events as event_store
-from bullpen.store import runs as run_store
 from bullpen.store.base import Connection, Store
 from bullpen.streams.bus.base import Bus
 
@@ -250,14 +249,13 @@ class EventLog:
                 return
             lost: list[RunWriter] = []
             applied: list[tuple[_Final, RunEvent]] = []
+            # Events alone are one statement (fence and insert together), which on PostgreSQL
+            # needs no transaction around it: one round trip. Finals change state with them.
+            opened = self._store.write() if finals else self._store.autocommit()
             try:
-                async with self._store.write() as conn:
-                    lost = await self._fence(conn, list(drained))
-                    for writer in lost:
-                        del drained[writer]
+                async with opened as conn:
+                    lost = await self._append(conn, drained)
                     batch = [e for events in drained.values() for e in events]
-                    owners = [w.workspace_id for w, events in drained.items() for _ in events]
-                    await event_store.append(conn, batch, owners, self._clock())
                     for final in finals:
                         if final.writer.lost or final.writer in lost:
                             continue
@@ -296,18 +294,21 @@ class EventLog:
             if not done.done():
                 done.set_result(None)
 
-    @staticmethod
-    async def _fence(conn: Connection, writers: list[RunWriter]) -> list[RunWriter]:
-        """The fenced writers whose attempt no longer holds its run (their events are refused).
-
-        On PostgreSQL the held runs stay share-locked until this commit, so no re-queue or
-        claim can slip in between the check and the insert.
-        """
-        fenced = [w for w in writers if w.attempt is not None]
-        if not fenced:
-            return []
-        held = await run_store.holders(conn, [w.run_id for w in fenced], lock=True)
-        return [w for w in fenced if held.get(w.run_id) != w.attempt]
+    async def _append(
+        self, conn: Connection, drained: dict[RunWriter, list[RunEvent]]
+    ) -> list[RunWriter]:
+        """Store the drained events of the writers whose attempt still holds its run; returns
+        the fenced writers that lost it (their events are refused, and dropped from
+        `drained`). On PostgreSQL the held runs stay share-locked until this commits, so no
+        re-queue or claim can slip in between the check and the insert."""
+        events = [e for evs in drained.values() for e in evs]
+        owners = [w.workspace_id for w, evs in drained.items() for _ in evs]
+        attempts = [w.attempt for w, evs in drained.items() for _ in evs]
+        held = await event_store.append_fenced(conn, events, owners, attempts, self._clock())
+        lost = [w for w in drained if w.attempt is not None and held.get(w.run_id) != w.attempt]
+        for writer in lost:
+            del drained[writer]
+        return lost
 
     def _requeue(self, drained: dict[RunWriter, list[RunEvent]]) -> None:
         # Put drained events back in front so order and seq survive a failed commit.

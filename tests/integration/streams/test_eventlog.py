@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import timedelta
 
 import sqlalchemy as sa
 
 from bullpen.domain.events import EventKind
+from bullpen.store import claims as claim_store
 from bullpen.store import events as event_store
 from bullpen.store.base import Connection, Store
 from bullpen.store.tables import run_events
 from bullpen.streams.bus.memory import MemoryBus
 from bullpen.streams.eventlog import EventLog
 from tests.support.seed import NOW, new_task, workspace_with_agent
+
+LEASE = timedelta(seconds=60)
 
 
 async def _run(store: Store, slug: str = "w") -> tuple[uuid.UUID, uuid.UUID, uuid.UUID]:
@@ -87,3 +91,37 @@ async def test_final_event_commits_only_with_its_state_change(store: Store) -> N
             for row in await conn.execute(sa.select(run_events.c.kind).order_by(run_events.c.seq))
         ]
     assert kinds == ["text", "end"]
+
+
+async def test_a_group_commit_stores_only_the_writers_whose_attempt_holds_its_run(
+    store: Store,
+) -> None:
+    """Fencing within one group commit (one statement on PostgreSQL): the attempt that holds
+    its run has its events stored; a stale attempt of another run is refused and told so, and
+    nothing of it is stored; an unfenced writer is stored whatever the runs' state."""
+    ws, task_a, run_a = await _run(store, "a")
+    _, task_b, run_b = await _run(store, "b")
+    _, task_c, run_c = await _run(store, "c")
+    async with store.write() as conn:
+        claimed = (await claim_store.claim(conn, owner="w", limit=3, now=NOW, lease=LEASE)).runs
+    attempts = {run.id: run.attempt for run in claimed}
+    assert set(attempts) == {run_a, run_b, run_c}
+    lost: list[str] = []
+    bus = MemoryBus()
+    async with EventLog(store, bus, coalesce_s=0.05, clock=lambda: NOW) as log:
+        holder = log.writer(run_a, task_a, ws, 0, attempt=attempts[run_a])
+        stale = log.writer(
+            run_b, task_b, ws, 0, attempt=attempts[run_b] + 1, on_lost=lambda: lost.append("b")
+        )
+        unfenced = log.writer(run_c, task_c, ws, 0)
+        for writer, text in ((holder, "kept"), (stale, "refused"), (unfenced, "free")):
+            writer.text(text)
+        await log.flush(holder)
+        await log.flush(unfenced)
+    async with store.read() as conn:
+        stored = {
+            run: [e.data for e in await event_store.after(conn, run_id=run, after_seq=0, limit=9)]
+            for run in (run_a, run_b, run_c)
+        }
+    assert stored == {run_a: [{"text": "kept"}], run_b: [], run_c: [{"text": "free"}]}
+    assert lost == ["b"] and stale.lost and not holder.lost
