@@ -256,7 +256,8 @@ async def record_costs(conn: Connection, rows: Sequence[dict[str, Any]]) -> None
             if row["created_at"].tzinfo is None:
                 raise ValueError("naive datetime given to a UTC column")
         await conn.execute(
-            _PG_RECORD_COSTS, {"rows": orjson.dumps(filled).decode(), "no_id": str(NO_ID)}
+            _PG_RECORD_COSTS,
+            {"rows": orjson.dumps(filled, default=str).decode(), "no_id": str(NO_ID)},
         )
         return
     await conn.execute(_RECORD_COST, filled)
