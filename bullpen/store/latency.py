@@ -7,10 +7,11 @@ position p·(n-1) among the hour's n values sorted.
 
 Whole hours come from the `ttft_hours` histogram (bullpen/store/rollups.py), kept as runs end:
 per hour, counts of runs per log-spaced bucket (bucket i ≥ 1 holds [1.05^(i-1), 1.05^i) ms,
-bucket 0 below 1 ms). The database finds, per hour and percentile, the buckets holding the
-values at ranks floor(p·(n-1)) and ceil(p·(n-1)) (running sums over the buckets); each of
-those values is estimated by spreading its bucket's runs evenly over the bucket (the k-th of c
-at (k + ½)/c of its width), then the two are interpolated as above. Each estimate lies in the
+bucket 0 below 1 ms). The database hands over each hour's buckets as one list; here, per hour
+and percentile, the buckets holding the values at ranks floor(p·(n-1)) and ceil(p·(n-1)) are
+found (running sums over the buckets); each of those values is estimated by spreading its
+bucket's runs evenly over the bucket (the k-th of c at (k + ½)/c of its width), then the two
+are interpolated as above. Each estimate lies in the
 same bucket as the value it stands for, so a percentile is off by less than 5 % of the exact
 one (or by less than 1 ms, below 1 ms). It reads one row per hour and bucket in use, whatever
 the number of runs.
@@ -85,66 +86,69 @@ def _on_the_hour(at: datetime, *, up: bool) -> datetime:
 async def _from_histogram(
     conn: Connection, workspace_id: UUID, since: datetime, until: datetime
 ) -> list[dict[str, Any]]:
-    """The percentiles of the whole hours in [since, until), from `ttft_hours`."""
+    """The percentiles of the whole hours in [since, until), from `ttft_hours`: the database
+    hands over each hour's buckets as one list (`array_agg`; SQLite: `group_concat`), which
+    is a few rows whatever the number of runs; the ranks are found here."""
     h = ttft_hours.c
-    counted = (
-        sa.select(
-            h.hour,
-            h.bucket,
-            h.runs,
-            sa.func.sum(h.runs).over(partition_by=h.hour, order_by=h.bucket).label("upto"),
-            sa.func.sum(h.runs).over(partition_by=h.hour).label("n"),
+    window = sa.and_(h.workspace_id == workspace_id, h.hour >= since, h.hour < until)
+    postgres = conn.dialect.name == "postgresql"
+    if postgres:
+        hour: sa.ColumnElement[Any] = sa.func.to_char(
+            sa.func.timezone("UTC", h.hour), 'YYYY-MM-DD"T"HH24:00'
         )
-        .where(h.workspace_id == workspace_id, h.hour >= since, h.hour < until)
-        .subquery("counted")
-    )
-    c = counted.c
-    before = c.upto - c.runs  # runs in the hour's lower buckets
-    columns: list[sa.ColumnElement[Any]] = []
-    for p in PERCENTILES:
-        position = (c.n - 1) * p
-        # floor (the position is never negative); PostgreSQL's cast would round.
-        low: sa.ColumnElement[Any] = (
-            sa.func.floor(position)
-            if conn.dialect.name == "postgresql"
-            else sa.cast(position, sa.Integer)
-        )
-        high = low + sa.case((position > low, 1), else_=0)
-        for end, rank in (("lo", low), ("hi", high)):
-            holds = sa.and_(before <= rank, rank < c.upto)
-            name = f"{_name(p)}_{end}"
-            columns += [
-                sa.func.max(sa.case((holds, c.bucket))).label(f"{name}_bucket"),
-                sa.func.max(sa.case((holds, rank - before))).label(f"{name}_k"),
-                sa.func.max(sa.case((holds, c.runs))).label(f"{name}_c"),
-            ]
+        lists: list[sa.ColumnElement[Any]] = [
+            sa.func.array_agg(h.bucket).label("buckets"),
+            sa.func.array_agg(h.runs).label("counts"),
+        ]
+    else:
+        hour = sa.type_coerce(h.hour, sa.String)  # 'YYYY-MM-DD HH:00:00.000000'
+        lists = [
+            sa.func.group_concat(sa.cast(h.bucket, sa.String) + ":" + sa.cast(h.runs, sa.String))
+        ]
     query = (
-        sa.select(c.hour, c.n.label("runs"), *columns)
-        .group_by(c.hour, c.n)
-        .order_by(c.hour)
+        sa.select(hour.label("hour"), *lists)
+        .where(window)
+        .group_by(h.hour)
+        .order_by(h.hour)
         .limit(MAX_HOURS + 1)
     )
     rows = []
-    for row in await conn.execute(query):
-        got = row._mapping
-        n = int(got["runs"])
-        out: dict[str, Any] = {"hour": got["hour"].strftime("%Y-%m-%dT%H:00"), "runs": n}
-        for p in PERCENTILES:
-            name = _name(p)
-            at_low, at_high = (
-                _spread(got[f"{name}_{end}_bucket"], got[f"{name}_{end}_k"], got[f"{name}_{end}_c"])
-                for end in ("lo", "hi")
+    got: Any
+    for got in await conn.execute(query):
+        row = tuple(got)
+        if postgres:
+            hour_text, buckets = row[0], sorted(zip(row[1], row[2], strict=True))
+        else:
+            hour_text = f"{row[0][:10]}T{row[0][11:13]}:00"
+            buckets = sorted(
+                (int(b), int(n)) for b, n in (pair.split(":") for pair in row[1].split(","))
             )
-            at = (n - 1) * p
-            out[name] = at_low + (at_high - at_low) * (at - math.floor(at))
-        rows.append(out)
+        rows.append({"hour": hour_text, **_percentiles(buckets)})
     return rows
 
 
-def _spread(bucket: int, k: int, count: int) -> float:
-    """The k-th (0-based) of a bucket's `count` values, spread evenly over the bucket."""
-    lower, upper = rollups.bucket_bounds(int(bucket))
-    return lower + (upper - lower) * (int(k) + 0.5) / int(count)
+def _percentiles(buckets: list[tuple[int, int]]) -> dict[str, Any]:
+    """`runs` and each percentile of one hour's (bucket, count) pairs, in bucket order."""
+    n = sum(count for _, count in buckets)
+    out: dict[str, Any] = {"runs": n}
+    for p in PERCENTILES:
+        at = (n - 1) * p  # where p falls among the hour's sorted values, 0-based
+        low = math.floor(at)
+        at_low, at_high = _value_at(buckets, low), _value_at(buckets, math.ceil(at))
+        out[_name(p)] = at_low + (at_high - at_low) * (at - low)
+    return out
+
+
+def _value_at(buckets: list[tuple[int, int]], rank: int) -> float:
+    """The estimate of the value at a 0-based rank: its bucket's runs spread evenly over the
+    bucket, the k-th of c at (k + ½)/c of its width."""
+    before = 0
+    for bucket, count in buckets:
+        if rank < before + count:
+            lower, upper = rollups.bucket_bounds(bucket)
+            return lower + (upper - lower) * (rank - before + 0.5) / count
+        before += count
+    raise ValueError(f"rank {rank} past the {before} runs of the hour")
 
 
 async def _exact(

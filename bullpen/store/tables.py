@@ -532,6 +532,7 @@ cost_days = sa.Table(
     sa.PrimaryKeyConstraint(
         "workspace_id", "day", "agent_id", "api_key_id", "provider", "model", "source"
     ),
+    sqlite_with_rowid=False,  # rows in key order: a range of days is one read, no lookups
 )
 # Runs' time to first token per UTC hour of their start, as counts in log-spaced buckets.
 ttft_hours = sa.Table(
@@ -543,6 +544,7 @@ ttft_hours = sa.Table(
     sa.Column("runs", sa.BigInteger, nullable=False),
     sa.PrimaryKeyConstraint("workspace_id", "hour", "bucket"),
     sa.Index("ix_ttft_hours_hour", "hour"),  # retention
+    sqlite_with_rowid=False,
 )
 
 # Budgets (migration 0015): an amount per period over a scope. `spent_usd` and `reserved_usd`

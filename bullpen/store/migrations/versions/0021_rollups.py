@@ -81,6 +81,7 @@ def upgrade() -> None:
             "source",
             name="pk_cost_days",
         ),
+        sqlite_with_rowid=False,
     )
     op.create_table(
         "ttft_hours",
@@ -95,6 +96,7 @@ def upgrade() -> None:
             ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("workspace_id", "hour", "bucket", name="pk_ttft_hours"),
+        sqlite_with_rowid=False,
     )
     op.create_index("ix_ttft_hours_hour", "ttft_hours", ["hour"])
     bind = op.get_bind()
