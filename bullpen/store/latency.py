@@ -30,6 +30,8 @@ ledger's retention (`retention.delete_old_ttft`).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from datetime import datetime, timedelta
 from typing import Any
@@ -117,38 +119,39 @@ async def _from_histogram(
     for got in await conn.execute(query):
         row = tuple(got)
         if postgres:
-            hour_text, buckets = row[0], sorted(zip(row[1], row[2], strict=True))
+            hour_text, buckets, counts = row[0], list(row[1]), [int(n) for n in row[2]]
         else:
             hour_text = f"{row[0][:10]}T{row[0][11:13]}:00"
-            buckets = sorted(
-                (int(b), int(n)) for b, n in (pair.split(":") for pair in row[1].split(","))
-            )
-        rows.append({"hour": hour_text, **_percentiles(buckets)})
+            numbers = list(map(int, row[1].replace(":", ",").split(",")))
+            buckets, counts = numbers[0::2], numbers[1::2]
+        if buckets != sorted(buckets):  # (group_concat keeps no order it promises)
+            pairs = sorted(zip(buckets, counts, strict=True))
+            buckets, counts = [b for b, _ in pairs], [n for _, n in pairs]
+        rows.append({"hour": hour_text, **_percentiles(buckets, counts)})
     return rows
 
 
-def _percentiles(buckets: list[tuple[int, int]]) -> dict[str, Any]:
-    """`runs` and each percentile of one hour's (bucket, count) pairs, in bucket order."""
-    n = sum(count for _, count in buckets)
+def _percentiles(buckets: list[int], counts: list[int]) -> dict[str, Any]:
+    """`runs` and each percentile of one hour's buckets (in order) and their counts."""
+    upto = list(itertools.accumulate(counts))  # runs up to and including each bucket
+    n = upto[-1]
     out: dict[str, Any] = {"runs": n}
     for p in PERCENTILES:
         at = (n - 1) * p  # where p falls among the hour's sorted values, 0-based
         low = math.floor(at)
-        at_low, at_high = _value_at(buckets, low), _value_at(buckets, math.ceil(at))
+        at_low = _value_at(buckets, counts, upto, low)
+        at_high = _value_at(buckets, counts, upto, math.ceil(at))
         out[_name(p)] = at_low + (at_high - at_low) * (at - low)
     return out
 
 
-def _value_at(buckets: list[tuple[int, int]], rank: int) -> float:
+def _value_at(buckets: list[int], counts: list[int], upto: list[int], rank: int) -> float:
     """The estimate of the value at a 0-based rank: its bucket's runs spread evenly over the
     bucket, the k-th of c at (k + ½)/c of its width."""
-    before = 0
-    for bucket, count in buckets:
-        if rank < before + count:
-            lower, upper = rollups.bucket_bounds(bucket)
-            return lower + (upper - lower) * (rank - before + 0.5) / count
-        before += count
-    raise ValueError(f"rank {rank} past the {before} runs of the hour")
+    i = bisect.bisect_right(upto, rank)  # the first bucket holding more than `rank` runs
+    lower, upper = rollups.bucket_bounds(buckets[i])
+    k = rank - (upto[i] - counts[i])
+    return lower + (upper - lower) * (k + 0.5) / counts[i]
 
 
 async def _exact(
