@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from bullpen.store.base import Connection
-from bullpen.store.tables import api_keys, cost_days, ttft_hours
+from bullpen.store.tables import api_keys, cost_days, cost_events, runs, ttft_hours
 
 NO_ID = UUID(int=0)  # the agent or API key of a call without one
 GROWTH = 1.05  # each bucket's upper bound over its lower one
@@ -180,3 +180,35 @@ async def add_ttfts(conn: Connection, runs: Iterable[tuple[UUID, datetime, float
                 for (ws, hour, bucket), n in counts.items()
             ],
         )
+
+
+async def rebuild(conn: Connection, workspace_id: UUID) -> None:
+    """Compute a workspace's rollups again from its ledger rows and runs, for rows changed
+    behind the store's back (a restore, a manual fix): what retention took from the runs is
+    then no longer counted in `ttft_hours`."""
+    await conn.execute(cost_days.delete().where(cost_days.c.workspace_id == workspace_id))
+    await conn.execute(ttft_hours.delete().where(ttft_hours.c.workspace_id == workspace_id))
+    c = cost_events.c
+    ledger = await conn.execute(
+        sa.select(
+            c.workspace_id,
+            c.created_at,
+            c.agent_id,
+            c.api_key_id,
+            c.provider,
+            c.model,
+            c.source,
+            c.input_tokens,
+            c.cached_input_tokens,
+            c.output_tokens,
+            c.cost_usd,
+        ).where(c.workspace_id == workspace_id)
+    )
+    await add_costs(conn, [dict(row._mapping) for row in ledger])
+    r = runs.c
+    timed = await conn.execute(
+        sa.select(r.workspace_id, r.started_at, r.ttft_ms).where(
+            r.workspace_id == workspace_id, r.ttft_ms.is_not(None), r.started_at.is_not(None)
+        )
+    )
+    await add_ttfts(conn, [(row.workspace_id, row.started_at, row.ttft_ms) for row in timed])

@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from bullpen.store import agents as agent_store
-from bullpen.store import costs, gateway, identity, latency, retention
+from bullpen.store import costs, gateway, identity, latency, retention, rollups
 from bullpen.store.base import Connection, Store
 from bullpen.store.rollups import GROWTH, NO_ID, cost_sums
 from bullpen.store.tables import cost_days, cost_events, ttft_hours
@@ -246,6 +246,22 @@ async def test_totals_from_the_rollup_equal_the_raw_aggregation(store: Store, se
     ledger.keys.pop()
     await ledger.write(100)
     await ledger.compare(30)
+
+    # Computed again from the ledger, the rollup is what the writes kept.
+    kept = await _rolled(store, ledger.ws)
+    async with store.write() as conn:
+        await rollups.rebuild(conn, ledger.ws)
+    assert await _rolled(store, ledger.ws) == kept
+
+
+async def _rolled(store: Store, ws: uuid.UUID) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    d = cost_days.c
+    async with store.read() as conn:
+        found = await conn.execute(sa.select(cost_days).where(d.workspace_id == ws))
+        return {
+            tuple(row[:7]): (*row[7:11], pytest.approx(row[11], rel=1e-9, abs=1e-12))
+            for row in found
+        }
 
 
 def _inclusive(values: list[float], p: float) -> float:
