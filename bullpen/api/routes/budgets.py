@@ -203,7 +203,11 @@ async def get_costs_latency(
     end = _utc(until) if until is not None else datetime.now(UTC)
     start = _utc(since) if since is not None else end - timedelta(days=30)
     if end - start > timedelta(days=MAX_LATENCY_DAYS):
-        raise InvalidInput(f"since: a range of at most {MAX_LATENCY_DAYS} days")
+        message = f"a range of at most {MAX_LATENCY_DAYS} days"
+        raise InvalidInput(
+            f"since: {message}",
+            errors=[{"location": "query", "field": "since", "message": message, "code": "range"}],
+        )
     rows = await budgets.latency(principal, since=start, until=end)
     return LatencyReport(
         since=start,
