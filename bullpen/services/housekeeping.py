@@ -61,6 +61,10 @@ async def sweep(store: Store, now: datetime, retention: Retention = Retention())
         jobs.append(
             ("cost_events", retained.delete_old_usage, now - retention.usage, retention.batch)
         )
+        # The latency histogram goes with the ledger (it outlives the runs it counts).
+        jobs.append(
+            ("ttft_hours", retained.delete_old_ttft, now - retention.usage, retention.batch)
+        )
     if retention.tasks is not None:
         jobs.append(("tasks", retained.delete_ended_tasks, now - retention.tasks, retention.batch))
     totals: dict[str, int] = {}

@@ -18,6 +18,7 @@ from bullpen.domain.agents import AgentStatus
 from bullpen.domain.records import AgentRecord
 from bullpen.domain.status import TERMINAL_TASK
 from bullpen.errors import Conflict
+from bullpen.store import rollups
 from bullpen.store.base import Connection
 from bullpen.store.tables import agents, tasks
 
@@ -133,14 +134,19 @@ async def has_tasks(conn: Connection, agent_id: UUID) -> bool:
 
 
 async def delete_agent(conn: Connection, workspace_id: UUID, agent_id: UUID) -> bool:
-    """Delete an agent (its API keys go by cascade); Conflict while tasks or runs refer to it."""
+    """Delete an agent (its API keys go by cascade); Conflict while tasks or runs refer to it.
+    The ledger keeps its calls without it (`SET NULL`), and so does the `cost_days` rollup."""
+    keys = list((await conn.execute(rollups.agent_keys(agent_id))).scalars())
     try:
         result = await conn.execute(
             agents.delete().where(agents.c.id == agent_id, agents.c.workspace_id == workspace_id)
         )
     except exc.IntegrityError as err:
         raise Conflict("the agent has tasks; pause it instead of deleting it") from err
-    return int(result.rowcount) == 1
+    if int(result.rowcount) != 1:
+        return False
+    await rollups.forget_agent(conn, workspace_id, agent_id, keys)
+    return True
 
 
 async def managers(conn: Connection, workspace_id: UUID, agent_id: UUID) -> list[UUID]:

@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from cronsim import CronSim
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bullpen.store import rollups
 from bullpen.store.base import Connection, Store
 from bullpen.store.tables import (
     agents,
@@ -401,6 +402,16 @@ async def seed_demo(
                 if rows[key]:
                     await conn.execute(table.insert(), rows[key])
                     counts[key] = counts.get(key, 0) + len(rows[key])
+            # The rollups of the rows just written, as the ledger and the runs' ends keep them.
+            await rollups.add_costs(conn, rows["costs"])
+            await rollups.add_ttfts(
+                conn,
+                (
+                    (run["workspace_id"], run["started_at"], run["ttft_ms"])
+                    for run in rows["runs"]
+                    if run["ttft_ms"] is not None and run["started_at"] is not None
+                ),
+            )
         # The page to show of a task: the newest that is done and has subtasks, a tool call
         # and, if it can be, a comment.
         commented = {c["task_id"] for c in rows["comments"]}

@@ -12,13 +12,16 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy import exc
 
 from bullpen.domain.records.gateway import ProviderRecord, RouteRecord
 from bullpen.errors import Conflict
+from bullpen.store import rollups
 from bullpen.store.base import Connection
 from bullpen.store.ids import time_ordered_id
+from bullpen.store.rollups import NO_ID
 from bullpen.store.tables import cost_events, model_routes, providers
 
 PROVIDER_UPDATABLE = frozenset(
@@ -195,20 +198,67 @@ _RECORD_COST = cost_events.insert().values(
 )
 
 
+# PostgreSQL: the rows and their sums in `cost_days` in one statement (one round trip, atomic
+# also outside a transaction, as the usage ledger writes): the rows come as one JSON array.
+_PG_RECORD_COSTS = sa.text(
+    """
+WITH r AS (
+    SELECT * FROM jsonb_to_recordset(CAST(CAST(:rows AS text) AS jsonb)) AS r(
+        id uuid, workspace_id uuid, run_id uuid, agent_id uuid, user_id uuid, api_key_id uuid,
+        provider text, model text, input_tokens integer, cached_input_tokens integer,
+        output_tokens integer, cost_usd double precision, created_at timestamptz,
+        task_id uuid, source text, estimated boolean)
+), inserted AS (
+    INSERT INTO cost_events (id, workspace_id, run_id, agent_id, user_id, api_key_id, provider,
+        model, input_tokens, cached_input_tokens, output_tokens, cost_usd, created_at, task_id,
+        source, estimated)
+    SELECT id, workspace_id, run_id, agent_id, user_id, api_key_id, provider, model,
+        input_tokens, cached_input_tokens, output_tokens, cost_usd, created_at, task_id,
+        source, estimated
+    FROM r
+)
+INSERT INTO cost_days AS d (workspace_id, day, agent_id, api_key_id, provider, model, source,
+    calls, input_tokens, cached_input_tokens, output_tokens, cost_usd)
+SELECT workspace_id, CAST(timezone('UTC', created_at) AS date),
+    coalesce(agent_id, CAST(:no_id AS uuid)), coalesce(api_key_id, CAST(:no_id AS uuid)),
+    provider, model, source, count(*), sum(input_tokens), sum(cached_input_tokens),
+    sum(output_tokens), sum(cost_usd)
+FROM r
+GROUP BY 1, 2, 3, 4, 5, 6, 7
+ON CONFLICT (workspace_id, day, agent_id, api_key_id, provider, model, source) DO UPDATE SET
+    calls = d.calls + excluded.calls,
+    input_tokens = d.input_tokens + excluded.input_tokens,
+    cached_input_tokens = d.cached_input_tokens + excluded.cached_input_tokens,
+    output_tokens = d.output_tokens + excluded.output_tokens,
+    cost_usd = d.cost_usd + excluded.cost_usd
+"""
+)
+
+
 async def record_costs(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
     """Append ledger rows (each a dict of every `cost_events` column but `id`; `task_id`,
-    `source` and `estimated` may be left out: a row with a run is a run's)."""
-    if rows:
+    `source` and `estimated` may be left out: a row with a run is a run's), with their sums
+    in the `cost_days` rollup."""
+    if not rows:
+        return
+    filled = [
+        {
+            "id": time_ordered_id(),
+            "task_id": None,
+            "source": "run" if row.get("run_id") is not None else "relay",
+            "estimated": False,
+            **row,
+        }
+        for row in rows
+    ]
+    if conn.dialect.name == "postgresql":
+        for row in filled:
+            if row["created_at"].tzinfo is None:
+                raise ValueError("naive datetime given to a UTC column")
         await conn.execute(
-            _RECORD_COST,
-            [
-                {
-                    "id": time_ordered_id(),
-                    "task_id": None,
-                    "source": "run" if row.get("run_id") is not None else "relay",
-                    "estimated": False,
-                    **row,
-                }
-                for row in rows
-            ],
+            _PG_RECORD_COSTS,
+            {"rows": orjson.dumps(filled, default=str).decode(), "no_id": str(NO_ID)},
         )
+        return
+    await conn.execute(_RECORD_COST, filled)
+    await rollups.add_costs(conn, filled)

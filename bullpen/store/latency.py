@@ -1,30 +1,48 @@
 """Time to first token per hour: the p50 and p95 of the runs that started in each UTC hour.
 
 A run's `ttft_ms` is the time from its start to its first content token (its first LLM call
-that served one). Both percentiles are computed by the database with linear interpolation
-between the two nearest values (PostgreSQL's `percentile_cont`, the same as Python's
-`statistics.quantiles(method="inclusive")`):
+that served one). A percentile is the linear interpolation between the two nearest values, as
+PostgreSQL's `percentile_cont` and Python's `statistics.quantiles(method="inclusive")`: at
+position p·(n-1) among the hour's n values sorted.
+
+Whole hours come from the `ttft_hours` histogram (bullpen/store/rollups.py), kept as runs end:
+per hour, counts of runs per log-spaced bucket (bucket i ≥ 1 holds [1.05^(i-1), 1.05^i) ms,
+bucket 0 below 1 ms). The database hands over each hour's buckets as one list; here, per hour
+and percentile, the buckets holding the values at ranks floor(p·(n-1)) and ceil(p·(n-1)) are
+found (running sums over the buckets); each of those values is estimated by spreading its
+bucket's runs evenly over the bucket (the k-th of c at (k + ½)/c of its width), then the two
+are interpolated as above. Each estimate lies in the
+same bucket as the value it stands for, so a percentile is off by less than 5 % of the exact
+one (or by less than 1 ms, below 1 ms). It reads one row per hour and bucket in use, whatever
+the number of runs.
+
+An hour the range cuts (an API range need not start or end on the hour) is computed exactly
+from the runs started in its part of the range (`ix_runs_workspace_started`):
 
 - PostgreSQL: `percentile_cont(p) WITHIN GROUP (ORDER BY ttft_ms)`, grouped by hour;
 - SQLite, which has no percentile aggregate: each run's 0-based rank in its hour and the hour's
   count from window functions (`row_number()`, `count(*) OVER`), then per hour the values at
   ranks floor(p·(n-1)) and ceil(p·(n-1)) interpolated, in one `GROUP BY`.
 
-The query reads the runs started in the range (`ix_runs_workspace_started`); only the per-hour
-rows come back.
+The histogram keeps the hours of runs whose tasks retention deleted, and goes with the usage
+ledger's retention (`retention.delete_old_ttft`).
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+import bisect
+import itertools
+import math
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
 
 from bullpen.errors import InvalidInput
+from bullpen.store import rollups
 from bullpen.store.base import Connection
-from bullpen.store.tables import runs
+from bullpen.store.tables import runs, ttft_hours
 
 PERCENTILES = (0.5, 0.95)
 # Hours in one answer: a year and a day of hourly points (a longer range is refused).
@@ -45,6 +63,101 @@ async def ttft_per_hour(
 ) -> list[dict[str, Any]]:
     """Per UTC hour with runs that reached a first token in [since, until): `hour`, `runs`,
     `p50_ms`, `p95_ms`; oldest hour first."""
+    first, last = _on_the_hour(since, up=True), _on_the_hour(until, up=False)
+    rows: list[dict[str, Any]] = []
+    if first < last:
+        rows += await _from_histogram(conn, workspace_id, first, last)
+        edges = [(since, first), (last, until)]
+    else:
+        edges = [(since, until)]
+    for start, end in edges:
+        if start < end:
+            rows += await _exact(conn, workspace_id, start, end)
+    rows.sort(key=lambda row: str(row["hour"]))
+    if len(rows) > MAX_HOURS:
+        raise InvalidInput(f"more than {MAX_HOURS} hours: narrow the date range")
+    return rows
+
+
+def _on_the_hour(at: datetime, *, up: bool) -> datetime:
+    """The UTC hour at or before `at` (the next one with `up`, unless `at` is on the hour)."""
+    hour = rollups.hour_of(at)
+    return hour + timedelta(hours=1) if up and hour < at else hour
+
+
+async def _from_histogram(
+    conn: Connection, workspace_id: UUID, since: datetime, until: datetime
+) -> list[dict[str, Any]]:
+    """The percentiles of the whole hours in [since, until), from `ttft_hours`: the database
+    hands over each hour's buckets as one list (`array_agg`; SQLite: `group_concat`), which
+    is a few rows whatever the number of runs; the ranks are found here."""
+    h = ttft_hours.c
+    window = sa.and_(h.workspace_id == workspace_id, h.hour >= since, h.hour < until)
+    postgres = conn.dialect.name == "postgresql"
+    if postgres:
+        hour: sa.ColumnElement[Any] = sa.func.to_char(
+            sa.func.timezone("UTC", h.hour), 'YYYY-MM-DD"T"HH24:00'
+        )
+        lists: list[sa.ColumnElement[Any]] = [
+            sa.func.array_agg(h.bucket).label("buckets"),
+            sa.func.array_agg(h.runs).label("counts"),
+        ]
+    else:
+        hour = sa.type_coerce(h.hour, sa.String)  # 'YYYY-MM-DD HH:00:00.000000'
+        lists = [
+            sa.func.group_concat(sa.cast(h.bucket, sa.String) + ":" + sa.cast(h.runs, sa.String))
+        ]
+    query = (
+        sa.select(hour.label("hour"), *lists)
+        .where(window)
+        .group_by(h.hour)
+        .order_by(h.hour)
+        .limit(MAX_HOURS + 1)
+    )
+    rows = []
+    got: Any
+    for got in await conn.execute(query):
+        row = tuple(got)
+        if postgres:
+            hour_text, buckets, counts = row[0], list(row[1]), [int(n) for n in row[2]]
+        else:
+            hour_text = f"{row[0][:10]}T{row[0][11:13]}:00"
+            numbers = list(map(int, row[1].replace(":", ",").split(",")))
+            buckets, counts = numbers[0::2], numbers[1::2]
+        if buckets != sorted(buckets):  # (group_concat keeps no order it promises)
+            pairs = sorted(zip(buckets, counts, strict=True))
+            buckets, counts = [b for b, _ in pairs], [n for _, n in pairs]
+        rows.append({"hour": hour_text, **_percentiles(buckets, counts)})
+    return rows
+
+
+def _percentiles(buckets: list[int], counts: list[int]) -> dict[str, Any]:
+    """`runs` and each percentile of one hour's buckets (in order) and their counts."""
+    upto = list(itertools.accumulate(counts))  # runs up to and including each bucket
+    n = upto[-1]
+    out: dict[str, Any] = {"runs": n}
+    for p in PERCENTILES:
+        at = (n - 1) * p  # where p falls among the hour's sorted values, 0-based
+        low = math.floor(at)
+        at_low = _value_at(buckets, counts, upto, low)
+        at_high = _value_at(buckets, counts, upto, math.ceil(at))
+        out[_name(p)] = at_low + (at_high - at_low) * (at - low)
+    return out
+
+
+def _value_at(buckets: list[int], counts: list[int], upto: list[int], rank: int) -> float:
+    """The estimate of the value at a 0-based rank: its bucket's runs spread evenly over the
+    bucket, the k-th of c at (k + ½)/c of its width."""
+    i = bisect.bisect_right(upto, rank)  # the first bucket holding more than `rank` runs
+    lower, upper = rollups.bucket_bounds(buckets[i])
+    k = rank - (upto[i] - counts[i])
+    return lower + (upper - lower) * (k + 0.5) / counts[i]
+
+
+async def _exact(
+    conn: Connection, workspace_id: UUID, since: datetime, until: datetime
+) -> list[dict[str, Any]]:
+    """The exact percentiles of the runs started in [since, until), per hour."""
     dialect = conn.dialect.name
     hour = _hour(dialect).label("hour")
     window = sa.and_(
@@ -67,8 +180,6 @@ async def ttft_per_hour(
         query = _interpolated(hour, window)
     query = query.order_by(sa.text("hour")).limit(MAX_HOURS + 1)
     rows = [dict(row._mapping) for row in await conn.execute(query)]
-    if len(rows) > MAX_HOURS:
-        raise InvalidInput(f"more than {MAX_HOURS} hours: narrow the date range")
     for row in rows:
         row["runs"] = int(row["runs"])
         for p in PERCENTILES:

@@ -1,4 +1,5 @@
-"""Retention: the oldest audit rows, usage ledger rows and ended tasks, deleted in batches.
+"""Retention: the oldest audit rows, usage ledger rows (with their rollups) and ended tasks,
+deleted in batches.
 
 Each function deletes at most `limit` rows in the caller's transaction and returns how many it
 deleted; the housekeeping sweep calls them until a batch comes back short.
@@ -6,14 +7,36 @@ deleted; the housekeeping sweep calls them until a batch comes back short.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
 from bullpen.domain.status import TERMINAL_TASK, RunStatus
+from bullpen.store import rollups
 from bullpen.store.base import Connection
-from bullpen.store.tables import audit_events, cost_events, runs, task_blockers, tasks
+from bullpen.store.tables import (
+    audit_events,
+    cost_events,
+    runs,
+    task_blockers,
+    tasks,
+    ttft_hours,
+)
 
+# What the rollup needs of a deleted ledger row.
+_ROLLED = (
+    "workspace_id",
+    "created_at",
+    "agent_id",
+    "api_key_id",
+    "provider",
+    "model",
+    "source",
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "cost_usd",
+)
 _TERMINAL = sorted(s.value for s in TERMINAL_TASK)
 _ACTIVE_RUN = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)
 
@@ -27,10 +50,31 @@ async def delete_old_audit(conn: Connection, cutoff: datetime, limit: int) -> in
 
 
 async def delete_old_usage(conn: Connection, cutoff: datetime, limit: int) -> int:
-    """Delete up to `limit` usage ledger rows recorded before `cutoff`, oldest first."""
+    """Delete up to `limit` usage ledger rows recorded before `cutoff`, oldest first, and take
+    them out of the `cost_days` rollup (which so keeps what the ledger keeps, no more)."""
     c = cost_events.c
     doomed = sa.select(c.id).where(c.created_at < cutoff).order_by(c.created_at).limit(limit)
-    result = await conn.execute(cost_events.delete().where(c.id.in_(doomed)))
+    result = await conn.execute(
+        cost_events.delete().where(c.id.in_(doomed)).returning(*(c[name] for name in _ROLLED))
+    )
+    deleted = [dict(row._mapping) for row in result]
+    await rollups.subtract_costs(conn, deleted)
+    return len(deleted)
+
+
+async def delete_old_ttft(conn: Connection, cutoff: datetime, limit: int) -> int:
+    """Delete up to `limit` rows of the `ttft_hours` histogram of hours that ended before
+    `cutoff`, oldest first (it follows the usage ledger's retention, not the runs')."""
+    h = ttft_hours.c
+    doomed = (
+        sa.select(h.workspace_id, h.hour, h.bucket)
+        .where(h.hour <= cutoff - timedelta(hours=1))
+        .order_by(h.hour)
+        .limit(limit)
+    )
+    result = await conn.execute(
+        ttft_hours.delete().where(sa.tuple_(h.workspace_id, h.hour, h.bucket).in_(doomed))
+    )
     return int(result.rowcount)
 
 

@@ -509,6 +509,44 @@ cost_events = sa.Table(
     sa.CheckConstraint("source IN ('run', 'relay')", name="source"),
 )
 
+# Rollups (migration 0021), kept by the writes of the rows they sum (bullpen/store/rollups.py).
+# The ledger per UTC day and every key `/api/v1/costs` groups by: a grouping sums these rows.
+# A call without an agent or an API key has the nil UUID there (NULLs would never conflict
+# in the upsert's key), so these columns have no foreign key: deleting an agent moves its rows
+# to the nil UUID as the ledger's `SET NULL` does.
+cost_days = sa.Table(
+    "cost_days",
+    metadata,
+    _workspace_fk(),
+    sa.Column("day", sa.Date, nullable=False),
+    sa.Column("agent_id", sa.Uuid, nullable=False),
+    sa.Column("api_key_id", sa.Uuid, nullable=False),
+    sa.Column("provider", sa.String(100), nullable=False),
+    sa.Column("model", sa.String(200), nullable=False),
+    sa.Column("source", sa.String(8), nullable=False),
+    sa.Column("calls", sa.BigInteger, nullable=False),
+    sa.Column("input_tokens", sa.BigInteger, nullable=False),
+    sa.Column("cached_input_tokens", sa.BigInteger, nullable=False),
+    sa.Column("output_tokens", sa.BigInteger, nullable=False),
+    sa.Column("cost_usd", sa.Float, nullable=False),
+    sa.PrimaryKeyConstraint(
+        "workspace_id", "day", "agent_id", "api_key_id", "provider", "model", "source"
+    ),
+    sqlite_with_rowid=False,  # rows in key order: a range of days is one read, no lookups
+)
+# Runs' time to first token per UTC hour of their start, as counts in log-spaced buckets.
+ttft_hours = sa.Table(
+    "ttft_hours",
+    metadata,
+    _workspace_fk(),
+    sa.Column("hour", UTCDateTime, nullable=False),
+    sa.Column("bucket", sa.Integer, nullable=False),
+    sa.Column("runs", sa.BigInteger, nullable=False),
+    sa.PrimaryKeyConstraint("workspace_id", "hour", "bucket"),
+    sa.Index("ix_ttft_hours_hour", "hour"),  # retention
+    sqlite_with_rowid=False,
+)
+
 # Budgets (migration 0015): an amount per period over a scope. `spent_usd` and `reserved_usd`
 # are the current period's (from `period_start`): calls reserve before they start and while
 # they stream, and settle with their real cost. `warned` / `exceeded`: whether this period's

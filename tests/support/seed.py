@@ -8,10 +8,14 @@ from typing import Any, NamedTuple
 
 from bullpen.domain import tokens
 from bullpen.domain.principal import Role
+from bullpen.domain.runs import RunOutcome
+from bullpen.domain.status import RunStatus
 from bullpen.store import agents as agent_store
 from bullpen.store import identity
+from bullpen.store import runs as run_store
 from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection, Store
+from bullpen.store.tables import runs
 from tests.support.servers import RunningServer
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -56,6 +60,46 @@ async def new_task(
     async with store.write() as conn:
         created, run = await insert_task(conn, ws, agent, when)
     return created.id, run.id
+
+
+async def finished_run(
+    store: Store,
+    ws: uuid.UUID,
+    agent: uuid.UUID,
+    started: datetime,
+    ttft_ms: float | None,
+    *,
+    cost_usd: float | None = None,
+) -> uuid.UUID:
+    """A task whose run started at `started` and ended done through the queue's own end
+    (`runs.finish`, which counts `ttft_ms` in the latency histogram and writes the ledger row
+    of a run with a cost); returns the run's id."""
+    _, run_id = await new_task(store, ws, agent, started)
+    async with store.write() as conn:
+        await conn.execute(
+            runs.update()
+            .where(runs.c.id == run_id)
+            .values(status="running", attempt=1, started_at=started, lease_owner="test")
+        )
+        await run_store.finish(
+            conn,
+            run_id=run_id,
+            attempt=1,
+            outcome=RunOutcome(
+                status=RunStatus.DONE,
+                result="ok",
+                error=None,
+                first_token_at=None if ttft_ms is None else started,
+                ttft_ms=ttft_ms,
+                provider="sim",
+                model="sim-1",
+                input_tokens=10,
+                output_tokens=5,
+                cost_usd=cost_usd,
+            ),
+            now=started + timedelta(seconds=1),
+        )
+    return run_id
 
 
 class Member(NamedTuple):

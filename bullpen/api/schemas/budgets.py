@@ -136,3 +136,20 @@ class CostReport(BaseModel):
     group_by: CostGroup | None
     interval: Literal["day"] | None
     rows: list[CostRow]
+
+
+class LatencyRow(BaseModel):
+    """Time to first token of the runs that started in one UTC hour."""
+
+    hour: datetime = Field(description="The UTC hour's start")
+    runs: int = Field(description="Runs that started in the hour and reached a first token")
+    p50_ms: float = Field(description="Median time to first token, ms")
+    p95_ms: float = Field(description="95th percentile of the time to first token, ms")
+
+
+class LatencyReport(BaseModel):
+    """Time to first token per UTC hour over [since, until)."""
+
+    since: datetime
+    until: datetime
+    rows: list[LatencyRow]

@@ -13,7 +13,7 @@ from bullpen.store import gateway as gateway_store
 from bullpen.store.tables import audit_events, budgets
 from tests.support.db import count, rows
 from tests.support.http import call, problem
-from tests.support.seed import workspace_with_agent
+from tests.support.seed import finished_run, workspace_with_agent
 from tests.support.servers import RunningServer
 
 
@@ -132,3 +132,43 @@ async def test_costs_are_totalled_grouped_and_put_in_series_by_the_database(
     backwards = await call(http, server, "GET", f"/api/v1/costs?since={until}&until={since}")
     assert backwards.status == 200 and backwards.body["rows"] == []
     problem(await call(http, server, "GET", "/api/v1/costs?until=0.5"), 422)  # not seconds
+
+
+async def test_latency_per_hour_is_answered_and_its_range_is_bounded(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    ws, agent = server.boot.workspace_id, server.boot.agent_id
+    hour = datetime(2026, 11, 3, 12, tzinfo=UTC)
+    for i, ttft in enumerate([100.0, 200.0, 300.0]):
+        await finished_run(server.services.store, ws, agent, hour + timedelta(minutes=i), ttft)
+    await finished_run(server.services.store, ws, agent, hour + timedelta(hours=2), 50.0)
+    query = "/api/v1/costs/latency?since=2026-11-03T00:00:00Z&until=2026-11-04T00:00:00Z"
+    reply = await call(http, server, "GET", query)
+    assert reply.status == 200, reply.text
+    got = reply.body["rows"]
+    assert [(r["hour"], r["runs"]) for r in got] == [
+        ("2026-11-03T12:00:00Z", 3),
+        ("2026-11-03T14:00:00Z", 1),
+    ]
+    assert abs(got[0]["p50_ms"] - 200.0) < 0.05 * 200.0
+    assert abs(got[0]["p95_ms"] - 290.0) < 0.05 * 290.0
+    # A range cutting the hour is exact there; the whole hour after it is the histogram's.
+    cut = await call(
+        http, server, "GET", "/api/v1/costs/latency?since=2026-11-03T12:00:30Z&until=2026-11-04"
+    )
+    cut_rows = cut.body["rows"]
+    assert [(r["runs"], r["p50_ms"]) for r in cut_rows[:1]] == [(2, 250.0)]
+    assert cut_rows[1]["runs"] == 1 and abs(cut_rows[1]["p50_ms"] - 50.0) < 0.05 * 50.0
+    backwards = await call(
+        http, server, "GET", "/api/v1/costs/latency?since=2026-11-04T00:00:00Z&until=2026-11-03"
+    )
+    assert backwards.status == 200 and backwards.body["rows"] == []
+    longest = "/api/v1/costs/latency?since=2025-01-01T00:00:00Z&until=2026-01-02T00:00:00Z"
+    assert (await call(http, server, "GET", longest)).status == 200  # 366 days
+    longer = "/api/v1/costs/latency?since=2025-01-01T00:00:00Z&until=2026-01-02T00:00:01Z"
+    assert problem(await call(http, server, "GET", longer), 422)["type"].endswith("/validation")
+    problem(await call(http, server, "GET", "/api/v1/costs/latency?until=0.5"), 422)
+    problem(await call(http, server, "GET", "/api/v1/costs/latency?since=yesterday"), 422)
+    # The default: the last 30 days to now.
+    recent = await call(http, server, "GET", "/api/v1/costs/latency")
+    assert recent.status == 200 and isinstance(recent.body["rows"], list)
