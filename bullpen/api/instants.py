@@ -5,7 +5,7 @@ the dashboard alike."""
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 from pydantic import BeforeValidator, TypeAdapter, ValidationError
@@ -68,3 +68,15 @@ def time_range(
     if start is not None and end is not None and end < start:
         raise _invalid("until", "must not be before since", "range")
     return start, end
+
+
+def window(
+    since: datetime | None, until: datetime | None, *, now: datetime, days: int
+) -> tuple[datetime, datetime]:
+    """`since` and `until` in UTC with defaults: `until` now, `since` `days` before `until`
+    (or the earliest instant, for an `until` within `days` of it)."""
+    end = now if until is None else utc(until, "until")
+    if since is not None:
+        return utc(since, "since"), end
+    earliest = datetime.min.replace(tzinfo=UTC)
+    return (end - timedelta(days=days) if end - earliest > timedelta(days=days) else earliest), end

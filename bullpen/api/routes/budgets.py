@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Query, Response
-from pydantic import BeforeValidator
 
-from bullpen.api import docs
+from bullpen.api import docs, instants
 from bullpen.api.deps import Budgets, require, require_json
 from bullpen.api.idempotency import Idempotent
+from bullpen.api.instants import Instant
 from bullpen.api.schemas.budgets import (
     BudgetCreate,
     BudgetList,
@@ -33,18 +32,8 @@ router = APIRouter(tags=["costs"])
 BudgetId = Annotated[UUID, docs.path_id("budget")]
 
 
-def _not_a_number(value: object) -> object:
-    if isinstance(value, (int, float)) or (
-        isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9.]+([eE][+-]?[0-9]+)?\s*", value)
-    ):
-        raise ValueError("expected an RFC 3339 date-time, not a number")
-    return value
-
-
 Reader = Annotated[Principal, require(Permission.COSTS_READ)]
 Writer = Annotated[Principal, require(Permission.BUDGETS_WRITE)]
-# An RFC 3339 date-time. Pydantic would also read a number as seconds since 1970: refused.
-Instant = Annotated[datetime, BeforeValidator(_not_a_number)]
 
 
 @router.get(
@@ -158,8 +147,7 @@ async def get_costs(
     """Calls, tokens and USD of every LLM call, agent runs' and relay calls', in total, per
     group and/or per UTC day; an empty range has no rows. A time without an offset is UTC.
     At most 5,000 rows: more is 422 (narrow the range or group by less)."""
-    end = _utc(until) if until is not None else datetime.now(UTC)
-    start = _utc(since) if since is not None else end - timedelta(days=30)
+    start, end = instants.window(since, until, now=datetime.now(UTC), days=30)
     rows = await budgets.costs(
         principal, since=start, until=end, group_by=group_by, interval=interval
     )
@@ -200,8 +188,7 @@ async def get_costs_latency(
     empty range has no rows. A time without an offset is UTC. Whole hours come from a
     histogram (within 5 % of the exact percentile, or 1 ms below 1 ms), hours the range cuts
     from the runs themselves (exact). At most 366 days: a longer range is 422."""
-    end = _utc(until) if until is not None else datetime.now(UTC)
-    start = _utc(since) if since is not None else end - timedelta(days=30)
+    start, end = instants.window(since, until, now=datetime.now(UTC), days=30)
     if end - start > timedelta(days=MAX_LATENCY_DAYS):
         message = f"a range of at most {MAX_LATENCY_DAYS} days"
         raise InvalidInput(
@@ -222,7 +209,3 @@ async def get_costs_latency(
             for row in rows
         ],
     )
-
-
-def _utc(value: datetime) -> datetime:
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)

@@ -172,3 +172,19 @@ async def test_latency_per_hour_is_answered_and_its_range_is_bounded(
     # The default: the last 30 days to now.
     recent = await call(http, server, "GET", "/api/v1/costs/latency")
     assert recent.status == 200 and isinstance(recent.body["rows"], list)
+
+
+async def test_instants_at_the_edges_of_time_are_refused_or_answered_never_a_500(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    """Year 1 east of UTC leaves datetime's range once moved to UTC (it was a 500), and a
+    default `since` 30 days before an `until` in year 1 would too."""
+    for path in ("/api/v1/costs", "/api/v1/costs/latency"):
+        for name in ("since", "until"):
+            reply = await call(http, server, "GET", f"{path}?{name}=0001-01-01T00:00:00%2B14:00")
+            body = problem(reply, 422)
+            assert body["errors"][0]["field"] == name and "Traceback" not in reply.text
+        early = await call(http, server, "GET", f"{path}?until=0001-01-05T00:00:00Z")
+        assert early.status == 200, early.text
+        assert early.body["since"].startswith("0001-01-01")
+        assert sum(row.get("calls", row.get("runs", 0)) for row in early.body["rows"]) == 0
