@@ -16,11 +16,8 @@ from bullpen.store.base import Connection
 from bullpen.store.tables import UTCDateTime, run_events, runs, tasks
 
 _INSERT = run_events.insert()
-_PG_APPEND = sa.text(
-    "INSERT INTO run_events (run_id, seq, workspace_id, task_id, kind, data, created_at) "
-    "SELECT r, s, w, t, k, CAST(d AS jsonb), :now FROM unnest(:runs, :seqs, :workspaces, "
-    ":tasks, :kinds, :datas) AS u(r, s, w, t, k, d)"
-).bindparams(
+# A batch of events as arrays, one a column, unnested by the statements below.
+_EVENT_ARRAYS = (
     sa.bindparam("runs", type_=postgresql.ARRAY(sa.Uuid)),
     sa.bindparam("seqs", type_=postgresql.ARRAY(sa.Integer)),
     sa.bindparam("workspaces", type_=postgresql.ARRAY(sa.Uuid)),
@@ -29,6 +26,25 @@ _PG_APPEND = sa.text(
     sa.bindparam("datas", type_=postgresql.ARRAY(sa.Text)),
     sa.bindparam("now", type_=UTCDateTime),
 )
+_PG_APPEND = sa.text(
+    "INSERT INTO run_events (run_id, seq, workspace_id, task_id, kind, data, created_at) "
+    "SELECT r, s, w, t, k, CAST(d AS jsonb), :now FROM unnest(:runs, :seqs, :workspaces, "
+    ":tasks, :kinds, :datas) AS u(r, s, w, t, k, d)"
+).bindparams(*_EVENT_ARRAYS)
+
+
+def _arrays(
+    events: Sequence[RunEvent], workspace_ids: Sequence[UUID], now: datetime
+) -> dict[str, object]:
+    return {
+        "runs": [ev.run_id for ev in events],
+        "seqs": [ev.seq for ev in events],
+        "workspaces": list(workspace_ids),
+        "tasks": [ev.task_id for ev in events],
+        "kinds": [ev.kind.value for ev in events],
+        "datas": [orjson.dumps(ev.data).decode() for ev in events],
+        "now": now,
+    }
 
 
 async def append(
@@ -43,13 +59,7 @@ async def append(
         await conn.execute(
             _PG_APPEND,
             {
-                "runs": [ev.run_id for ev in events],
-                "seqs": [ev.seq for ev in events],
-                "workspaces": list(workspace_ids),
-                "tasks": [ev.task_id for ev in events],
-                "kinds": [ev.kind.value for ev in events],
-                "datas": [orjson.dumps(ev.data).decode() for ev in events],
-                "now": now,
+                **_arrays(events, workspace_ids, now),
             },
         )
         return
@@ -85,14 +95,8 @@ _PG_APPEND_FENCED = sa.text(
 ).bindparams(
     sa.bindparam("fenced", type_=postgresql.ARRAY(sa.Uuid)),
     sa.bindparam("running", value=RunStatus.RUNNING.value, type_=sa.String),
-    sa.bindparam("runs", type_=postgresql.ARRAY(sa.Uuid)),
-    sa.bindparam("seqs", type_=postgresql.ARRAY(sa.Integer)),
-    sa.bindparam("workspaces", type_=postgresql.ARRAY(sa.Uuid)),
-    sa.bindparam("tasks", type_=postgresql.ARRAY(sa.Uuid)),
-    sa.bindparam("kinds", type_=postgresql.ARRAY(sa.String)),
-    sa.bindparam("datas", type_=postgresql.ARRAY(sa.Text)),
     sa.bindparam("attempts", type_=postgresql.ARRAY(sa.Integer)),
-    sa.bindparam("now", type_=UTCDateTime),
+    *_EVENT_ARRAYS,
 )
 
 
@@ -119,14 +123,8 @@ async def append_fenced(
             _PG_APPEND_FENCED,
             {
                 "fenced": fenced,
-                "runs": [ev.run_id for ev in events],
-                "seqs": [ev.seq for ev in events],
-                "workspaces": list(workspace_ids),
-                "tasks": [ev.task_id for ev in events],
-                "kinds": [ev.kind.value for ev in events],
-                "datas": [orjson.dumps(ev.data).decode() for ev in events],
+                **_arrays(events, workspace_ids, now),
                 "attempts": list(attempts),
-                "now": now,
             },
         )
         return {row.id: int(row.attempt) for row in rows}

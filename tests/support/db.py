@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
@@ -33,3 +35,21 @@ async def audits(server: RunningServer, action: str) -> list[Any]:
         .where(audit_events.c.action == action)
         .order_by(audit_events.c.created_at),
     )
+
+
+@contextmanager
+def key_reads(server: RunningServer) -> Iterator[list[str]]:
+    """The statements reading `api_keys` that the server sends while inside."""
+    lookups: list[str] = []
+    engine = server.services.store.engine
+    sync_engine = engine if isinstance(engine, sa.Engine) else engine.sync_engine
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "FROM api_keys" in statement:
+            lookups.append(statement)
+
+    sa.event.listen(sync_engine, "before_cursor_execute", seen)
+    try:
+        yield lookups
+    finally:
+        sa.event.remove(sync_engine, "before_cursor_execute", seen)

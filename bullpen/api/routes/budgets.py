@@ -33,6 +33,12 @@ BudgetId = Annotated[UUID, docs.path_id("budget")]
 
 
 Reader = Annotated[Principal, require(Permission.COSTS_READ)]
+# The range of a costs query: 30 days to now unless given.
+Since = Annotated[
+    Instant | None,
+    Query(description="Start (inclusive), RFC 3339; default 30 days before `until`"),
+]
+Until = Annotated[Instant | None, Query(description="End (exclusive), RFC 3339; default now")]
 Writer = Annotated[Principal, require(Permission.BUDGETS_WRITE)]
 
 
@@ -132,13 +138,8 @@ async def delete_budget(budget_id: BudgetId, principal: Writer, budgets: Budgets
 async def get_costs(
     principal: Reader,
     budgets: Budgets,
-    since: Annotated[
-        Instant | None,
-        Query(description="Start (inclusive), RFC 3339; default 30 days before `until`"),
-    ] = None,
-    until: Annotated[
-        Instant | None, Query(description="End (exclusive), RFC 3339; default now")
-    ] = None,
+    since: Since = None,
+    until: Until = None,
     group_by: Annotated[CostGroup | None, Query(description="Group by this")] = None,
     interval: Annotated[
         Literal["day"] | None, Query(description="`day`: a series per UTC day")
@@ -175,13 +176,8 @@ MAX_LATENCY_DAYS = 366
 async def get_costs_latency(
     principal: Reader,
     budgets: Budgets,
-    since: Annotated[
-        Instant | None,
-        Query(description="Start (inclusive), RFC 3339; default 30 days before `until`"),
-    ] = None,
-    until: Annotated[
-        Instant | None, Query(description="End (exclusive), RFC 3339; default now")
-    ] = None,
+    since: Since = None,
+    until: Until = None,
 ) -> LatencyReport:
     """Per UTC hour, the runs that started in [since, until) and reached a first token, with
     the p50 and p95 of their time to first token; hours without such runs are left out, an

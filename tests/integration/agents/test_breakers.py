@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from bullpen.app import utcnow
 from bullpen.store.gateway import record_costs
 from bullpen.store.tables import runs, task_changes, tasks
-from tests.support.db import audits, rows
+from tests.support.db import audits, key_reads, rows
 from tests.support.http import problem_of
 from tests.support.servers import RunningServer
 from tests.support.team import create_task, delegate, make_agent, until_ended
@@ -324,23 +324,12 @@ async def test_run_ends_keep_the_api_key_cached(
     task = await create_task(http, server, flaky, "This one fails first")
     assert (await until_ended(http, server, task["id"]))["status"] == "failed"
     await _patch(http, server, flaky["id"], {"config": {"provider": "simulated", "model": "sim-1"}})
-    lookups: list[str] = []
-    engine = server.services.store.engine
-    sync_engine = engine if isinstance(engine, sa.Engine) else engine.sync_engine
-
-    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if "FROM api_keys" in statement:
-            lookups.append(statement)
-
-    sa.event.listen(sync_engine, "before_cursor_execute", seen)
-    try:
+    with key_reads(server) as lookups:
         for i in range(3):  # the first resets the failures in a row, the others find none
             task = await create_task(http, server, flaky, f"This one succeeds, {i}")
             assert (await until_ended(http, server, task["id"]))["status"] == "done"
             for _ in range(3):
                 await _agent(http, server, flaky["id"])
-    finally:
-        sa.event.remove(sync_engine, "before_cursor_execute", seen)
     # The first request reads the key and records its use (read again by the next one); the
     # reset of the failures empties nothing.
     assert len(lookups) <= 2, lookups

@@ -17,7 +17,7 @@ from bullpen.domain.principal import Role
 from bullpen.store import agents as agent_store
 from bullpen.store import identity
 from bullpen.store.tables import agents, api_keys, audit_events, idempotency_keys, tasks
-from tests.support.db import count, rows
+from tests.support.db import count, key_reads, rows
 from tests.support.http import Reply, bearer, call, problem
 from tests.support.seed import new_member, other_workspace
 from tests.support.servers import RunningServer
@@ -320,22 +320,11 @@ async def test_creating_tasks_keeps_the_key_cached(
 ) -> None:
     """A create writes the workspace's task number: that must not empty the key cache (on
     SQLite the number is a counter on the workspace row, one of the key's source tables)."""
-    lookups: list[str] = []
-    sync_engine = server.services.store.engine
-    sync_engine = sync_engine if isinstance(sync_engine, sa.Engine) else sync_engine.sync_engine
-
-    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if "FROM api_keys" in statement:
-            lookups.append(statement)
-
-    sa.event.listen(sync_engine, "before_cursor_execute", seen)
-    try:
+    with key_reads(server) as lookups:
         create = {"prompt": PROMPT, "agent_id": str(server.boot.agent_id)}
         for _ in range(5):
             reply = await call(http, server, "POST", "/api/v1/tasks", server.auth, create)
             assert reply.status == 201, reply.body
-    finally:
-        sa.event.remove(sync_engine, "before_cursor_execute", seen)
     # The first request reads the key, and records its use (a write of the key's row, so read
     # again by the next one); the others find it cached.
     assert len(lookups) <= 2, lookups
@@ -347,23 +336,12 @@ async def test_requests_missing_the_key_cache_together_read_the_key_once(
 ) -> None:
     """When a key's entry has lapsed, every request with it in flight missed the cache and
     read the key again; now they wait for one read."""
-    lookups: list[str] = []
-    sync_engine = server.services.store.engine
-    sync_engine = sync_engine if isinstance(sync_engine, sa.Engine) else sync_engine.sync_engine
-
-    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if "FROM api_keys" in statement:
-            lookups.append(statement)
-
     assert (await call(http, server, "GET", "/api/v1/tasks", server.auth)).status == 200
     server.services.auth._forget_keys()  # as when the entry lapses
-    sa.event.listen(sync_engine, "before_cursor_execute", seen)
-    try:
+    with key_reads(server) as lookups:
         replies = await asyncio.gather(
             *(call(http, server, "GET", "/api/v1/tasks", server.auth) for _ in range(20))
         )
-    finally:
-        sa.event.remove(sync_engine, "before_cursor_execute", seen)
     assert [reply.status for reply in replies] == [200] * 20
     assert len(lookups) == 1, lookups
 
