@@ -71,8 +71,9 @@ def configure(log_format: str = "auto", level: str = "INFO", stream: TextIO | No
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # Alembic says a line per revision (and two about its own set-up); bullpen.store.migrate
-    # sums a start-up's migrations up in one.
-    logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
+    # Alembic says a line per revision, and about its own set-up when it is first imported
+    # (now only when a schema is behind: bullpen.store.migrate); bullpen.store.migrate sums a
+    # start-up's migrations up in one.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     # The MCP SDK says a line per stateless `/mcp` request ("Terminating session: None").
     logging.getLogger("mcp").setLevel(logging.WARNING)
