@@ -233,7 +233,10 @@ def check_url(url: str | URL, allow: OutboundAllow) -> URL:
         raise InvalidInput("the url must start with http:// or https://")
     if parsed.user is not None or parsed.password is not None:
         raise InvalidInput("the url must not contain a user name or password")
-    host = parsed.host
+    try:
+        host = parsed.host
+    except UnicodeError:  # a punycode label (`xn--…`) that decodes to nothing valid
+        raise InvalidInput("the url's host is not a valid host name") from None
     if not host:
         raise InvalidInput("the url has no host")
     if allow.permits_name(host):

@@ -168,6 +168,8 @@ def test_public_urls_pass(url: str) -> None:
         ("http://127.1/", "legacy form"),
         ("http://0/", "legacy form"),
         ("http://[F39d9a:2141]/v1", "not a valid IPv6 address"),  # found by the fuzzer
+        ("http://xn--.com/", "not a valid host name"),  # found by the fuzzer (was a 500)
+        ("http://xn--a.example/", "not a valid host name"),
     ],
 )
 def test_malformed_urls_are_invalid(url: str, says: str) -> None:
