@@ -39,6 +39,13 @@ def process_env(settings: Settings, **fields: Any) -> dict[str, str]:
     return env
 
 
+# The database pool of every process a bench test starts (its servers and workers inherit the
+# environment). The suite's four workers share one PostgreSQL (`max_connections` 100), and the
+# queue scenario alone runs an API and two workers, each allowed 30 connections by default:
+# beside the other workers' servers that exhausted the server in CI.
+BENCH_POOL = {"BULLPEN_POOL_SIZE": "8", "BULLPEN_POOL_MAX_OVERFLOW": "4"}
+
+
 def bench_report(args: list[str], timeout: float) -> dict[str, Any]:
     """Run `bullpen bench` with `args` (ending in `--json`) as a process; its JSON report."""
     done = subprocess.run(
@@ -46,6 +53,7 @@ def bench_report(args: list[str], timeout: float) -> dict[str, Any]:
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **BENCH_POOL},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
