@@ -35,19 +35,21 @@ TIERS = {
 # in the serial phase, alone on the machine, after the parallel one: under four workers on two
 # cores a 100 ms bound measures the neighbours, not the code.
 SERIAL = (
-    # PostgreSQL stopped and started, overload shed within bounds, the soak. The SIGKILL storm
-    # on PostgreSQL, the poison run, the paused worker and the partition (through a proxy of
-    # its own) prove what is lost or written, not how soon: they run in the parallel phase,
-    # mostly waiting on their workers.
-    # On SQLite the storm's one worker must be caught mid-run by a kill every 5 s: beside
-    # other tests its restart took longer than that, and no kill caught a run in flight.
+    # PostgreSQL stopped and started, overload shed within bounds, the soak. The poison run,
+    # the paused worker and the partition (through a proxy of its own) prove what is lost or
+    # written, not how soon: they run in the parallel phase, mostly waiting on their workers.
+    # The SIGKILL storm too must finish 2,000 runs within the lease + 60 s after its last kill:
+    # on PostgreSQL, started first beside both fuzz runs, it left 826 runs undone in CI on
+    # 2026-12-06 (and passed alone and in the run before). On SQLite its one worker must be
+    # caught mid-run by a kill every 5 s: beside other tests its restart took longer than
+    # that, and no kill caught a run in flight.
     "faults/test_overload.py",
     "faults/test_soak.py",
     "faults/test_worker_faults.py::test_sigterm_lets_inflight_runs_finish_then_exits_0",
     "faults/test_worker_faults.py::test_sigterm_past_the_grace_releases_runs_to_another_worker",
     "faults/test_worker_faults.py::test_a_noisy_neighbour_does_not_stretch_another_workspaces_wait",
     "faults/test_worker_faults.py::test_postgres_restarts_under_load_lose_nothing",
-    "faults/test_worker_faults.py::test_sigkill_storm_loses_and_duplicates_nothing[sqlite]",
+    "faults/test_worker_faults.py::test_sigkill_storm_loses_and_duplicates_nothing",
     "integration/streams/test_sse_churn.py",  # memory, descriptors, tasks flat over 20,000 cycles
     "integration/security/test_login_burst.py",  # RSS and /healthz latency during 300 sign-ins
     "integration/security/test_login_throttle.py::test_unknown_email_costs_the_same_time_as_a_wrong_password",
@@ -94,7 +96,6 @@ POSTGRES = (
 # The longest tests of the parallel phase, started first so that none begins near the end.
 SLOWEST_FIRST = (
     "fuzz/test_fuzz.py",
-    "faults/test_worker_faults.py::test_sigkill_storm_loses_and_duplicates_nothing",
     "faults/test_worker_faults.py::test_a_poison_run_is_dead_lettered_while_good_runs_complete",
     "faults/test_worker_faults.py::test_a_paused_workers_late_writes_are_refused",
     "faults/test_partition.py",
