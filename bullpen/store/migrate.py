@@ -30,8 +30,10 @@ log = logging.getLogger(__name__)
 
 def newest_revision() -> str:
     """The newest migration's revision. Each file is `<revision>_<slug>.py` with revisions
-    numbered in order (tests/unit checks this against Alembic's own head)."""
-    return max(path.name.split("_", 1)[0] for path in (MIGRATIONS / "versions").glob("*_*.py"))
+    numbered in order (tests/integration/store/test_migration_log.py checks this against
+    Alembic's own head)."""
+    versions = (MIGRATIONS / "versions").glob("[0-9]*_*.py")
+    return max(path.name.split("_", 1)[0] for path in versions)
 
 
 def current_revision(connection: Connection) -> str | None:
