@@ -69,6 +69,12 @@ class AgentService:
         async with self._store.read() as conn:
             return await agent_store.list_agents(conn, principal.workspace_id)
 
+    async def names(self, principal: Principal) -> dict[UUID, str]:
+        """The workspace's agents' names by id."""
+        need(principal, Permission.AGENTS_READ)
+        async with self._store.read() as conn:
+            return await agent_store.agent_names(conn, principal.workspace_id)
+
     async def activity(self, principal: Principal, start: datetime) -> dict[UUID, AgentActivity]:
         """Each agent's runs started at or after `start`: count, success, TTFT, cost."""
         need(principal, Permission.AGENTS_READ)

@@ -175,12 +175,12 @@ class BudgetService:
         only: Collection[str | None] | None = None,
     ) -> Sequence[dict[str, Any]]:
         """Ledger totals in [since, until), grouped by one dimension and/or by day; with
-        `only`, of those groups alone."""
+        `only`, of those groups alone. Off the event loop (`Store.read_apart`)."""
         need(principal, Permission.COSTS_READ)
         if until <= since:
             return []
-        async with self._store.read() as conn:
-            return await cost_store.totals(
+        return await self._store.read_apart(
+            lambda conn: cost_store.totals(
                 conn,
                 principal.workspace_id,
                 since=since,
@@ -189,19 +189,21 @@ class BudgetService:
                 by_day=interval == "day",
                 only=only,
             )
+        )
 
     async def latency(
         self, principal: Principal, *, since: datetime, until: datetime
     ) -> Sequence[dict[str, Any]]:
         """Time to first token of the runs started in [since, until): p50 and p95 per UTC
-        hour, computed by the database."""
+        hour, computed by the database, off the event loop (`Store.read_apart`)."""
         need(principal, Permission.COSTS_READ)
         if until <= since:
             return []
-        async with self._store.read() as conn:
-            return await latency_store.ttft_per_hour(
+        return await self._store.read_apart(
+            lambda conn: latency_store.ttft_per_hour(
                 conn, principal.workspace_id, since=since, until=until
             )
+        )
 
     async def _budget(
         self, conn: Connection, principal: Principal, budget_id: UUID

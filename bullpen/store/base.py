@@ -16,7 +16,7 @@ import fcntl
 import logging
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, Protocol, TypeVar
 
@@ -121,6 +121,17 @@ def _ambient() -> _Ambient | None:
     return ambient if ambient is not None and ambient.owner is asyncio.current_task() else None
 
 
+def _at_once(step: Coroutine[Any, Any, T]) -> T:
+    """The result of a coroutine that never suspends (one that awaits only an
+    `InlineConnection`'s statements), run to its end on the calling thread."""
+    try:
+        step.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    step.close()
+    raise RuntimeError("a read apart awaited something other than its statements")
+
+
 _AMBIENT: contextvars.ContextVar[_Ambient | None] = contextvars.ContextVar(
     "bullpen_ambient_tx", default=None
 )
@@ -203,6 +214,30 @@ class Store:
             assert self._autocommit is not None
             async with self._autocommit.connect() as conn:
                 yield conn
+        except (*_UNAVAILABLE, exc.DBAPIError) as err:
+            if (unreachable := _unreachable(err)) is None:
+                raise
+            raise unreachable from err
+
+    async def read_apart(self, query: Callable[[Connection], Coroutine[Any, Any, T]]) -> T:
+        """`query(conn)` in a read-only transaction of its own, off the event loop: for an
+        aggregate over many rows (the costs page's), which inline on SQLite would hold up
+        every other request while it runs. On SQLite it runs on a worker thread; SQLite
+        releases the GIL while it steps through rows, so two such reads run side by side and
+        the loop keeps serving. `query` awaits nothing but its statements (on that thread
+        they run at once). On PostgreSQL, and inside an open write transaction, it is
+        `read()`: the driver already waits off the loop."""
+        if not isinstance(self.engine, sa.Engine) or _ambient() is not None:
+            async with self.read() as conn:
+                return await query(conn)
+        engine = self.engine
+
+        def run() -> T:
+            with engine.connect() as sync_conn, sync_conn.begin():
+                return _at_once(query(InlineConnection(sync_conn)))
+
+        try:
+            return await asyncio.to_thread(run)
         except (*_UNAVAILABLE, exc.DBAPIError) as err:
             if (unreachable := _unreachable(err)) is None:
                 raise

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -233,6 +235,39 @@ async def test_a_failed_transaction_leaves_nothing_behind(store: Store) -> None:
     assert counts == [0, 0, 0]
 
 
+async def test_a_read_apart_runs_off_the_loop_and_sees_what_its_transaction_may(
+    store: Store,
+) -> None:
+    ws, agent = await workspace_with_agent(store)
+    async with store.write() as conn:
+        await insert_task(conn, ws, agent, NOW)
+    ran_on: list[int] = []
+
+    async def count(conn: Any) -> int:
+        ran_on.append(threading.get_ident())
+        return int((await conn.execute(sa.select(sa.func.count()).select_from(tasks))).scalar_one())
+
+    assert await store.read_apart(count) == 1
+    # SQLite: on a worker thread, not the loop's (an aggregate there would hold up every
+    # request); PostgreSQL's driver waits off the loop already.
+    assert (ran_on[-1] != threading.get_ident()) is store.is_sqlite
+    async with store.write() as conn:  # inside a write: that transaction, its own rows seen
+        await insert_task(conn, ws, agent, NOW)
+        assert await store.read_apart(count) == 2
+        assert ran_on[-1] == threading.get_ident()
+    assert await asyncio.gather(*(store.read_apart(count) for _ in range(4))) == [2] * 4
+
+    async def waits(conn: Any) -> int:
+        await asyncio.sleep(0)  # not a statement: on SQLite's thread there is no loop to wait on
+        return await count(conn)
+
+    if store.is_sqlite:
+        with pytest.raises(RuntimeError, match="awaited something other than its statements"):
+            await store.read_apart(waits)
+    else:
+        assert await store.read_apart(waits) == 2
+
+
 async def test_unreachable_database_maps_to_unavailable(store: Store) -> None:
     from bullpen.errors import Unavailable
 
@@ -241,6 +276,8 @@ async def test_unreachable_database_maps_to_unavailable(store: Store) -> None:
     with pytest.raises(Unavailable):
         async with store.read() as conn:
             await conn.execute(sa.text("SELECT 1"))
+    with pytest.raises(Unavailable):
+        await store.read_apart(lambda conn: conn.execute(sa.text("SELECT 1")))
 
 
 def _refuse(*_a: object, **_k: object) -> object:
