@@ -125,3 +125,97 @@ async def test_a_group_commit_stores_only_the_writers_whose_attempt_holds_its_ru
         }
     assert stored == {run_a: [{"text": "kept"}], run_b: [], run_c: [{"text": "free"}]}
     assert lost == ["b"] and stale.lost and not holder.lost
+
+
+async def test_a_first_text_does_not_wait_for_other_runs_ends_to_commit(store: Store) -> None:
+    """Runs' ends commit in a transaction of several statements; another run's events commit
+    beside it (PostgreSQL), not after it. On SQLite, with its one writer, they take turns."""
+    ws, task_a, run_a = await _run(store, "a")
+    _, task_b, run_b = await _run(store, "b")
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_end(conn: Connection) -> bool:
+        entered.set()  # the end's transaction is open and stays so until released
+        await release.wait()
+        return True
+
+    bus = MemoryBus()
+    with bus.open(task_b, ws) as live:
+        async with EventLog(store, bus, coalesce_s=0.05, clock=lambda: NOW) as log:
+            a = log.writer(run_a, task_a, ws, last_seq=0)
+            ending = asyncio.create_task(
+                log.commit_final(a, EventKind.END, {"status": "done"}, slow_end, urgent=True)
+            )
+            await asyncio.wait_for(entered.wait(), 5)
+            b = log.writer(run_b, task_b, ws, last_seq=0)
+            b.text("first")
+            if store.is_sqlite:
+                assert await live.get(0.3) is None  # b's commit waits for the one writer
+                release.set()
+                event = await live.get(5)
+            else:
+                event = await live.get(5)  # committed and published while a's end is open
+                assert not ending.done()
+                release.set()
+            assert event is not None and event.data == {"text": "first"}
+            assert await ending
+    async with store.read() as conn:
+        stored = {
+            run: [
+                (e.seq, e.kind)
+                for e in await event_store.after(conn, run_id=run, after_seq=0, limit=9)
+            ]
+            for run in (run_a, run_b)
+        }
+    assert stored == {run_a: [(1, EventKind.END)], run_b: [(1, EventKind.TEXT)]}
+
+
+async def test_a_writers_events_and_its_end_commit_in_order_whichever_commit_takes_them(
+    store: Store,
+) -> None:
+    """A run's events committing when its end is asked for: the end waits for them, and the
+    log holds them in seq order before it; flush waits for both kinds of commit."""
+    ws, task_a, run_a = await _run(store, "a")
+    _, task_b, run_b = await _run(store, "b")
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_end(conn: Connection) -> bool:
+        entered.set()
+        await release.wait()
+        return True
+
+    async def accepted(conn: Connection) -> bool:
+        return True
+
+    bus = MemoryBus()
+    with bus.open(task_b, ws) as live:
+        async with EventLog(store, bus, coalesce_s=0.0, clock=lambda: NOW) as log:
+            a = log.writer(run_a, task_a, ws, last_seq=0)
+            holding = asyncio.create_task(
+                log.commit_final(a, EventKind.END, {"status": "done"}, slow_end)
+            )
+            await asyncio.wait_for(entered.wait(), 5)
+            b = log.writer(run_b, task_b, ws, last_seq=0)
+            for word in ("one", "two", "three"):
+                b.text(word)
+                b.emit(EventKind.USAGE, {"word": word})
+            ended = asyncio.create_task(
+                log.commit_final(b, EventKind.END, {"status": "done"}, accepted)
+            )
+            await asyncio.sleep(0.1)
+            release.set()
+            assert await holding and await ended
+            await log.flush(b)
+            got = []
+            while (event := await live.get(0.5)) is not None:
+                got.append(event)
+    async with store.read() as conn:
+        stored = [
+            (e.seq, e.kind)
+            for e in await event_store.after(conn, run_id=run_b, after_seq=0, limit=20)
+        ]
+    assert stored == [
+        *((n, EventKind.TEXT if n % 2 else EventKind.USAGE) for n in range(1, 7)),
+        (7, EventKind.END),
+    ]
+    assert [(e.seq, e.kind) for e in got] == stored
