@@ -47,6 +47,10 @@ from bullpen.store.tables import runs, ttft_hours
 PERCENTILES = (0.5, 0.95)
 # Hours in one answer: a year and a day of hourly points (a longer range is refused).
 MAX_HOURS = 24 * 367
+# A histogram's bucket and its count read as one integer, bucket * 2^32 + runs: one hour's
+# runs in one bucket stay far below 2^32.
+_PACK = 1 << 32
+_RUNS = _PACK - 1
 
 _R = runs.c
 
@@ -89,26 +93,23 @@ async def _from_histogram(
     conn: Connection, workspace_id: UUID, since: datetime, until: datetime
 ) -> list[dict[str, Any]]:
     """The percentiles of the whole hours in [since, until), from `ttft_hours`: the database
-    hands over each hour's buckets as one list (`array_agg`; SQLite: `group_concat`), which
-    is a few rows whatever the number of runs; the ranks are found here."""
+    hands over each hour's buckets as one list of integers, `bucket * 2^32 + runs`
+    (`array_agg`; SQLite: `group_concat`), which is a few rows whatever the number of runs
+    and, sorted, puts the buckets in order; the ranks are found here."""
     h = ttft_hours.c
     window = sa.and_(h.workspace_id == workspace_id, h.hour >= since, h.hour < until)
     postgres = conn.dialect.name == "postgresql"
+    packed = sa.cast(h.bucket, sa.BigInteger) * _PACK + h.runs
     if postgres:
         hour: sa.ColumnElement[Any] = sa.func.to_char(
             sa.func.timezone("UTC", h.hour), 'YYYY-MM-DD"T"HH24:00'
         )
-        lists: list[sa.ColumnElement[Any]] = [
-            sa.func.array_agg(h.bucket).label("buckets"),
-            sa.func.array_agg(h.runs).label("counts"),
-        ]
+        buckets: sa.ColumnElement[Any] = sa.func.array_agg(packed)
     else:
         hour = sa.type_coerce(h.hour, sa.String)  # 'YYYY-MM-DD HH:00:00.000000'
-        lists = [
-            sa.func.group_concat(sa.cast(h.bucket, sa.String) + ":" + sa.cast(h.runs, sa.String))
-        ]
+        buckets = sa.func.group_concat(packed)
     query = (
-        sa.select(hour.label("hour"), *lists)
+        sa.select(hour.label("hour"), buckets.label("buckets"))
         .where(window)
         .group_by(h.hour)
         .order_by(h.hour)
@@ -117,39 +118,36 @@ async def _from_histogram(
     rows = []
     got: Any
     for got in await conn.execute(query):
-        row = tuple(got)
+        hour_text, listed = tuple(got)
         if postgres:
-            hour_text, buckets, counts = row[0], list(row[1]), [int(n) for n in row[2]]
+            pairs = sorted(listed)
         else:
-            hour_text = f"{row[0][:10]}T{row[0][11:13]}:00"
-            numbers = list(map(int, row[1].replace(":", ",").split(",")))
-            buckets, counts = numbers[0::2], numbers[1::2]
-        if buckets != sorted(buckets):  # (group_concat keeps no order it promises)
-            pairs = sorted(zip(buckets, counts, strict=True))
-            buckets, counts = [b for b, _ in pairs], [n for _, n in pairs]
-        rows.append({"hour": hour_text, **_percentiles(buckets, counts)})
+            hour_text = f"{hour_text[:10]}T{hour_text[11:13]}:00"
+            pairs = sorted(map(int, listed.split(",")))
+        rows.append({"hour": hour_text, **_percentiles(pairs)})
     return rows
 
 
-def _percentiles(buckets: list[int], counts: list[int]) -> dict[str, Any]:
-    """`runs` and each percentile of one hour's buckets (in order) and their counts."""
+def _percentiles(pairs: list[int]) -> dict[str, Any]:
+    """`runs` and each percentile of one hour's buckets, as sorted `bucket * 2^32 + runs`."""
+    counts = [pair & _RUNS for pair in pairs]
     upto = list(itertools.accumulate(counts))  # runs up to and including each bucket
     n = upto[-1]
     out: dict[str, Any] = {"runs": n}
-    for p in PERCENTILES:
+    for p, name in _NAMES.items():
         at = (n - 1) * p  # where p falls among the hour's sorted values, 0-based
         low = math.floor(at)
-        at_low = _value_at(buckets, counts, upto, low)
-        at_high = _value_at(buckets, counts, upto, math.ceil(at))
-        out[_name(p)] = at_low + (at_high - at_low) * (at - low)
+        at_low = _value_at(pairs, counts, upto, low)
+        at_high = _value_at(pairs, counts, upto, math.ceil(at)) if at > low else at_low
+        out[name] = at_low + (at_high - at_low) * (at - low)
     return out
 
 
-def _value_at(buckets: list[int], counts: list[int], upto: list[int], rank: int) -> float:
+def _value_at(pairs: list[int], counts: list[int], upto: list[int], rank: int) -> float:
     """The estimate of the value at a 0-based rank: its bucket's runs spread evenly over the
     bucket, the k-th of c at (k + ½)/c of its width."""
     i = bisect.bisect_right(upto, rank)  # the first bucket holding more than `rank` runs
-    lower, upper = rollups.bucket_bounds(buckets[i])
+    lower, upper = rollups.bucket_bounds(pairs[i] >> 32)
     k = rank - (upto[i] - counts[i])
     return lower + (upper - lower) * (k + 0.5) / counts[i]
 
@@ -189,6 +187,9 @@ async def _exact(
 
 def _name(p: float) -> str:
     return f"p{round(p * 100)}_ms"
+
+
+_NAMES = {p: _name(p) for p in PERCENTILES}
 
 
 def _interpolated(hour: sa.ColumnElement[str], window: sa.ColumnElement[bool]) -> sa.Select[Any]:

@@ -68,22 +68,26 @@ async def costs(
 
 async def check_tables(page: Page, http: aiohttp.ClientSession, server: Any, group: str) -> None:
     """Each table of the page holds exactly the API's rows for its range and grouping."""
-    first = await page.locator('input[name="since"]').input_value()
-    last = await page.locator('input[name="until"]').input_value()
+    first = await page.locator('input[type="date"][name="since"]').input_value()
+    last = await page.locator('input[type="date"][name="until"]').input_value()
     series = await costs(http, server, first, last, group_by=group, interval="day")
     totals = await costs(http, server, first, last, group_by=group)
     assert series and totals
 
-    spend = await page.evaluate(_ROWS, "#spend-table")
-    assert [r[:2] for r in spend] == [[r["day"], r["key"] or ""] for r in series]
-    for shown, want in zip(spend, series, strict=True):
-        assert count(shown[4]) == want["calls"]
-        assert money(shown[5]) == pytest.approx(want["cost_usd"], abs=1e-6)
-    tokens = await page.evaluate(_ROWS, "#tokens-table")
-    assert [[r[0], r[1], *map(count, r[4:])] for r in tokens] == [
-        [r["day"], r["key"] or "", r["input_tokens"], r["cached_input_tokens"], r["output_tokens"]]
+    per_day = await page.evaluate(_ROWS, "#days-table")
+    assert [[r[0], r[1], *map(count, r[4:8])] for r in per_day] == [
+        [
+            r["day"],
+            r["key"] or "",
+            r["calls"],
+            r["input_tokens"],
+            r["cached_input_tokens"],
+            r["output_tokens"],
+        ]
         for r in series
     ]
+    for shown, want in zip(per_day, series, strict=True):
+        assert money(shown[8]) == pytest.approx(want["cost_usd"], abs=1e-6)
     table = await page.evaluate(_ROWS, "#totals")
     by_key = {r["key"] or "": r for r in totals}
     assert sorted(r[1] for r in table) == sorted(by_key)
@@ -124,6 +128,22 @@ def inclusive(values: list[float], p: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(p * 100) - 1]
 
 
+async def check_hours(page: Page, hours: dict[str, list[float]], day: date) -> None:
+    """The latency table holds the hours of `day` that had runs: their count and each
+    percentile of the runs' own first-token times."""
+    await expect(page.locator("#latency-table caption")).to_contain_text(day.isoformat())
+    of_day = {hour: values for hour, values in hours.items() if hour.startswith(day.isoformat())}
+    assert of_day
+    await expect(page.locator("#latency-table tbody tr")).to_have_count(len(of_day))
+    for hour, values in of_day.items():
+        cells = page.locator(f'#latency-table tr[data-hour="{hour}"] td')
+        await expect(cells.nth(1)).to_have_text(str(len(values)))
+        for i, p in ((2, 0.5), (3, 0.95)):
+            text = (await cells.nth(i).inner_text()).removesuffix(" ms")
+            # Read from the hourly histogram: within 5 % (docs/spend.md).
+            assert float(text) == pytest.approx(inclusive(values, p), rel=0.05, abs=0.051)
+
+
 async def test_costs_page_charts_tables_budgets_and_latency(
     server: Any, page: Page, page_errors: PageErrors, browser: Browser
 ) -> None:
@@ -159,8 +179,10 @@ async def test_costs_page_charts_tables_budgets_and_latency(
         await expect(page).to_have_url(f"{server.base_url}/costs")
         today = datetime.now(UTC).date()
         # The default range: the last 30 UTC days, today included.
-        await expect(page.locator('input[name="until"]')).to_have_value(today.isoformat())
-        await expect(page.locator('input[name="since"]')).to_have_value(
+        await expect(page.locator('input[type="date"][name="until"]')).to_have_value(
+            today.isoformat()
+        )
+        await expect(page.locator('input[type="date"][name="since"]')).to_have_value(
             (today - timedelta(days=29)).isoformat()
         )
         await charts_drawn(page, "light")
@@ -177,7 +199,7 @@ async def test_costs_page_charts_tables_budgets_and_latency(
         }
         assert 0 < sum(size for _, size in sizes) <= 150_000, sizes
         await check_tables(page, http, server, "agent")
-        spend = await page.evaluate(_ROWS, "#spend-table")
+        spend = await page.evaluate(_ROWS, "#days-table")
         assert {r[3] for r in spend} == {"alpha", "beta"}  # agents by name
         days = {r[0] for r in spend}
         assert days >= {today.isoformat(), (today - BACK).isoformat()}
@@ -221,15 +243,19 @@ async def test_costs_page_charts_tables_budgets_and_latency(
         for run in timed:
             hours[run.started_at.astimezone(UTC).strftime("%Y-%m-%dT%H:00")].append(run.ttft_ms)
         assert len(hours) >= 2  # alpha's hour and beta's, three days back
-        shown = page.locator("#latency-table tbody tr")
-        await expect(shown).to_have_count(len(hours))
-        for hour, values in hours.items():
-            cells = page.locator(f'#latency-table tr[data-hour="{hour}"] td')
-            await expect(cells.nth(1)).to_have_text(str(len(values)))
-            for i, p in ((2, 0.5), (3, 0.95)):
-                text = (await cells.nth(i).inner_text()).removesuffix(" ms")
-                # Read from the hourly histogram: within 5 % (docs/spend.md).
-                assert float(text) == pytest.approx(inclusive(values, p), rel=0.05, abs=0.051)
+        # The table lists the hours of one day, by default the range's last; the chart draws
+        # them all. Each day is a link or the form's choice away.
+        await check_hours(page, hours, today)
+        for back in range(1, BACK.days + 1):
+            await page.get_by_role("link", name="Day before").click()
+            caption = page.locator("#latency-table caption")
+            await expect(caption).to_contain_text((today - timedelta(days=back)).isoformat())
+        await check_hours(page, hours, today - BACK)
+        await expect(page.get_by_role("link", name="Day after")).to_be_visible()
+        await page.locator('input[name="day"]').fill(today.isoformat())
+        await page.get_by_role("button", name="Show hours").click()
+        await check_hours(page, hours, today)
+        await expect(page.locator("#days-table tbody tr")).to_have_count(len(days))
         await clean(page, page_errors, 403, 422)
 
         # Dark scheme: the charts are drawn again in its colours.
@@ -238,15 +264,16 @@ async def test_costs_page_charts_tables_budgets_and_latency(
 
         # Another grouping and a range that leaves out beta's day.
         await page.get_by_label("Group by").select_option("model")
-        await page.locator('input[name="since"]').fill((today - timedelta(days=1)).isoformat())
-        await page.get_by_role("button", name="Show").click()
+        await page.locator('input[type="date"][name="since"]').fill(
+            (today - timedelta(days=1)).isoformat()
+        )
+        await page.get_by_role("button", name="Show", exact=True).click()
         await expect(page).to_have_url(re.compile(r"group=model"))
         await check_tables(page, http, server, "model")
-        spend = await page.evaluate(_ROWS, "#spend-table")
+        spend = await page.evaluate(_ROWS, "#days-table")
         assert spend and {r[3] for r in spend} == {"sim-1"}
         assert (today - BACK).isoformat() not in {r[0] for r in spend}
-        recent = [h for h in hours if h >= (today - timedelta(days=1)).isoformat()]
-        await expect(page.locator("#latency-table tbody tr")).to_have_count(len(recent))
+        await check_hours(page, hours, today)
         await clean(page, page_errors, 403, 422)
 
         # A bad range is the page's 422, with the form kept.
@@ -259,6 +286,13 @@ async def test_costs_page_charts_tables_budgets_and_latency(
         answer = await page.goto("/costs?since=2020-01-01&until=2026-01-01")
         assert answer is not None and answer.status == 422
         await expect(page.get_by_role("alert")).to_contain_text("at most 366 days")
+        outside = (today + timedelta(days=1)).isoformat()
+        answer = await page.goto(f"/costs?day={outside}")
+        assert answer is not None and answer.status == 422
+        await expect(page.get_by_role("alert")).to_contain_text("day: a day from")
+        answer = await page.goto("/costs?day=someday")
+        assert answer is not None and answer.status == 422
+        await expect(page.get_by_role("alert")).to_contain_text("day: not a date")
 
     # Without JavaScript: the same tables, no chart drawn.
     ctx = await without_javascript(browser, server)
@@ -268,7 +302,7 @@ async def test_costs_page_charts_tables_budgets_and_latency(
         await tab.goto("/costs?group=provider")
         await expect(tab.locator("#totals tbody tr")).to_have_count(1)
         await expect(tab.locator("#totals tbody th")).to_have_text("priced")
-        await expect(tab.locator("#spend-table tbody tr")).to_have_count(len(days))
+        await expect(tab.locator("#days-table tbody tr")).to_have_count(len(days))
         await expect(tab.locator("#budgets tbody tr")).to_have_count(2)
         await expect(tab.locator(".chart canvas")).to_have_count(0)
     finally:

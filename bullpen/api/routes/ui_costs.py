@@ -2,10 +2,11 @@
 budget's progress this period, and time to first token (p50, p95) per hour.
 
 The figures come from the services behind `/api/v1/costs` and `/api/v1/budgets` (the database
-aggregates, off the event loop and side by side; this module lays the rows out, their cells
-formatted here so that the template only places strings). Each chart's data is a JSON data block that
-`costs.js` draws with uPlot; the same rows are tables beside the charts, which is what a
-screen reader or a browser without JavaScript gets.
+aggregates, off the event loop and side by side); this module lays the rows out, their cells
+formatted here so that the template only places strings. Each chart's data is a JSON data
+block that `costs.js` draws with uPlot; tables beside the charts hold the same figures (the
+hourly latency one day at a time), which is what a screen reader or a browser without
+JavaScript gets.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
@@ -104,30 +106,22 @@ def _count(value: int) -> str:
 def table_rows(
     series: Sequence[Mapping[str, Any]],
     totals: Sequence[Mapping[str, Any]],
-    latency: Sequence[Mapping[str, Any]],
+    hours: Sequence[Mapping[str, Any]],
     label: Mapping[str | None, str],
 ) -> dict[str, Any]:
-    """The tables' rows with their cells formatted: the template only places strings (a page
-    of a month shows about 1,500 rows; formatting them in Jinja took most of its time)."""
+    """The tables' rows with their cells formatted: the template only places strings (a
+    month's page holds hundreds of rows; formatting them in Jinja took most of its time)."""
     return {
-        "spend_rows": [
+        "day_rows": [
             (
                 r["day"],
                 r["key"] or "",
                 label.get(r["key"], r["key"] or ""),
                 _count(r["calls"]),
-                _usd(r["cost_usd"]),
-            )
-            for r in series
-        ],
-        "tokens_rows": [
-            (
-                r["day"],
-                r["key"] or "",
-                label.get(r["key"], r["key"] or ""),
                 _count(r["input_tokens"]),
                 _count(r["cached_input_tokens"]),
                 _count(r["output_tokens"]),
+                _usd(r["cost_usd"]),
             )
             for r in series
         ],
@@ -151,9 +145,42 @@ def table_rows(
                 f"{r['p50_ms']:.1f} ms",
                 f"{r['p95_ms']:.1f} ms",
             )
-            for r in latency
+            for r in hours
         ],
     }
+
+
+@dataclass(frozen=True, slots=True)
+class HourlyDay:
+    """The day whose hours the latency table lists (the chart draws every hour of the
+    range), and the links to the days before and after it within the range."""
+
+    day: date
+    earlier: str | None
+    later: str | None
+
+    @classmethod
+    def of(cls, value: str, span: Range, form: Mapping[str, str]) -> HourlyDay:
+        """The day asked for (by default the range's last), which must be in the range."""
+        day = _day(value, "day") if value.strip() else span.last
+        if not span.first <= day <= span.last:
+            raise InvalidInput(f"day: a day from {span.first} to {span.last}")
+        one = timedelta(days=1)
+        return cls(
+            day,
+            _hours_link(form, day - one) if day > span.first else None,
+            _hours_link(form, day + one) if day < span.last else None,
+        )
+
+    def hours(self, latency: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """The rows of `latency` of this day."""
+        prefix = self.day.isoformat()
+        return [row for row in latency if row["hour"].startswith(prefix)]
+
+
+def _hours_link(form: Mapping[str, str], day: date) -> str:
+    query = urlencode({**form, "day": day.isoformat()})
+    return f"/costs?{query}#h-latency"
 
 
 def chart_data(
@@ -238,9 +265,15 @@ async def _agent_names(svc: Services, found: Found) -> dict[str, str]:
 
 @router.get("/costs", response_class=HTMLResponse, response_model=None)
 async def costs_page(
-    request: Request, svc: ServicesDep, group: str = "agent", since: str = "", until: str = ""
+    request: Request,
+    svc: ServicesDep,
+    group: str = "agent",
+    since: str = "",
+    until: str = "",
+    day: str = "",
 ) -> Response:
-    """Spend and tokens per day by a grouping, budgets, and time to first token per hour."""
+    """Spend and tokens per day by a grouping, budgets, and time to first token per hour
+    (the table: the hours of `day`)."""
     found = await page_session(request, svc)
     principal = found[1].principal
     form = {"group": group, "since": since, "until": until}
@@ -248,9 +281,10 @@ async def costs_page(
         if group not in GROUPS:
             raise InvalidInput(f"group: one of {', '.join(GROUPS)}")
         span = parse_range(since, until, svc.clock().astimezone(UTC).date())
+        form.update(since=span.first.isoformat(), until=span.last.isoformat())
+        hourly = HourlyDay.of(day, span, form)
     except InvalidInput as err:
         return await _page(request, svc, found, form, status=err.status, error=err.detail)
-    form.update(since=span.first.isoformat(), until=span.last.isoformat())
 
     async def spend() -> tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]]:
         totals = await svc.budgets.costs(
@@ -294,7 +328,8 @@ async def costs_page(
         found,
         form,
         span=span,
-        **table_rows(series, sorted(totals, key=_by_cost), latency, label),
+        hourly=hourly,
+        **table_rows(series, sorted(totals, key=_by_cost), hourly.hours(latency), label),
         bars=[BudgetBar.of(b, names) for b in budgets],
         charts=chart_data(group, span.days, series, totals, latency, names),
         chart_series=CHART_SERIES,
