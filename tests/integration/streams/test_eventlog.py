@@ -14,7 +14,7 @@ from bullpen.store import events as event_store
 from bullpen.store.base import Connection, Store
 from bullpen.store.tables import run_events
 from bullpen.streams.bus.memory import MemoryBus
-from bullpen.streams.eventlog import EventLog
+from bullpen.streams.eventlog import EventLog, RunWriter
 from tests.support.seed import NOW, new_task, workspace_with_agent
 
 LEASE = timedelta(seconds=60)
@@ -127,36 +127,46 @@ async def test_a_group_commit_stores_only_the_writers_whose_attempt_holds_its_ru
     assert lost == ["b"] and stale.lost and not holder.lost
 
 
+class HeldEnd:
+    """A run's end whose transaction, once open, stays open until `release` is set."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def change(self, conn: Connection) -> bool:
+        self.entered.set()
+        await self.release.wait()
+        return True
+
+    def commit(self, log: EventLog, writer: RunWriter) -> asyncio.Task[bool]:
+        """Ask for the writer's end, in a task (`entered` is set once its transaction is open)."""
+        return asyncio.create_task(
+            log.commit_final(writer, EventKind.END, {"status": "done"}, self.change, urgent=True)
+        )
+
+
 async def test_a_first_text_does_not_wait_for_other_runs_ends_to_commit(store: Store) -> None:
     """Runs' ends commit in a transaction of several statements; another run's events commit
     beside it (PostgreSQL), not after it. On SQLite, with its one writer, they take turns."""
     ws, task_a, run_a = await _run(store, "a")
     _, task_b, run_b = await _run(store, "b")
-    entered, release = asyncio.Event(), asyncio.Event()
-
-    async def slow_end(conn: Connection) -> bool:
-        entered.set()  # the end's transaction is open and stays so until released
-        await release.wait()
-        return True
-
+    held = HeldEnd()
     bus = MemoryBus()
     with bus.open(task_b, ws) as live:
         async with EventLog(store, bus, coalesce_s=0.05, clock=lambda: NOW) as log:
-            a = log.writer(run_a, task_a, ws, last_seq=0)
-            ending = asyncio.create_task(
-                log.commit_final(a, EventKind.END, {"status": "done"}, slow_end, urgent=True)
-            )
-            await asyncio.wait_for(entered.wait(), 5)
+            ending = held.commit(log, log.writer(run_a, task_a, ws, last_seq=0))
+            await asyncio.wait_for(held.entered.wait(), 5)
             b = log.writer(run_b, task_b, ws, last_seq=0)
             b.text("first")
             if store.is_sqlite:
                 assert await live.get(0.3) is None  # b's commit waits for the one writer
-                release.set()
+                held.release.set()
                 event = await live.get(5)
             else:
                 event = await live.get(5)  # committed and published while a's end is open
                 assert not ending.done()
-                release.set()
+                held.release.set()
             assert event is not None and event.data == {"text": "first"}
             assert await ending
     async with store.read() as conn:
@@ -177,12 +187,7 @@ async def test_a_writers_events_and_its_end_commit_in_order_whichever_commit_tak
     log holds them in seq order before it; flush waits for both kinds of commit."""
     ws, task_a, run_a = await _run(store, "a")
     _, task_b, run_b = await _run(store, "b")
-    entered, release = asyncio.Event(), asyncio.Event()
-
-    async def slow_end(conn: Connection) -> bool:
-        entered.set()
-        await release.wait()
-        return True
+    held = HeldEnd()
 
     async def accepted(conn: Connection) -> bool:
         return True
@@ -190,11 +195,8 @@ async def test_a_writers_events_and_its_end_commit_in_order_whichever_commit_tak
     bus = MemoryBus()
     with bus.open(task_b, ws) as live:
         async with EventLog(store, bus, coalesce_s=0.0, clock=lambda: NOW) as log:
-            a = log.writer(run_a, task_a, ws, last_seq=0)
-            holding = asyncio.create_task(
-                log.commit_final(a, EventKind.END, {"status": "done"}, slow_end)
-            )
-            await asyncio.wait_for(entered.wait(), 5)
+            holding = held.commit(log, log.writer(run_a, task_a, ws, last_seq=0))
+            await asyncio.wait_for(held.entered.wait(), 5)
             b = log.writer(run_b, task_b, ws, last_seq=0)
             for word in ("one", "two", "three"):
                 b.text(word)
@@ -203,7 +205,7 @@ async def test_a_writers_events_and_its_end_commit_in_order_whichever_commit_tak
                 log.commit_final(b, EventKind.END, {"status": "done"}, accepted)
             )
             await asyncio.sleep(0.1)
-            release.set()
+            held.release.set()
             assert await holding and await ended
             await log.flush(b)
             got = []
