@@ -532,7 +532,7 @@ def _run(
         "started_at": None if status == "queued" else started,
         "first_token_at": None if status == "queued" else started + timedelta(milliseconds=ttft),
         "finished_at": finished,
-        "ttft_ms": None if status == "queued" else round(ttft, 1),
+        "ttft_ms": round(ttft, 1) if ended else None,  # recorded as a run ends
         "provider": None if status == "queued" else provider,
         "model": None if status == "queued" else model,
         "input_tokens": tokens_in if ended else None,
