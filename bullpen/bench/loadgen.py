@@ -343,11 +343,18 @@ class _Load:
             url = f"{self.tasks_url}?limit=100&cursor={cursor}" if cursor else None
 
     async def sample_metrics(self) -> None:
-        """Poll /metrics once a second until the schedule ends."""
+        """Poll /metrics once a second until the schedule ends; and how busy the machine's
+        cores were over each second (everything on it: server, client, database)."""
         timeout = aiohttp.ClientTimeout(total=5.0)
         next_at = self.start
+        cores = machine_cpu()
         while (t := self.elapsed()) < self.total_s:
             stage = stage_at(self.stages, t)
+            now = machine_cpu()
+            if cores is not None and now is not None and now[1] > cores[1]:
+                busy = (now[0] - cores[0]) / (now[1] - cores[1])
+                self.samples[stage].machine_busy.append(busy)
+            cores = now
             try:
                 async with self.session.get(self.metrics_url, timeout=timeout) as resp:
                     text = await resp.text()
@@ -387,6 +394,20 @@ class _Load:
             errors=self.errors,
             finished=finished,
         )
+
+
+def machine_cpu() -> tuple[int, int] | None:
+    """The machine's CPU time since boot, busy and in all, in clock ticks over every core
+    (`/proc/stat`; idle and waiting on I/O are not busy); None where there is none."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            first = stat.readline().split()
+    except OSError:
+        return None
+    if not first or first[0] != "cpu":
+        return None
+    ticks = [int(n) for n in first[1:9]]  # user nice system idle iowait irq softirq steal
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
 
 
 def _field(data: bytes, key: str, task_id: str) -> str:

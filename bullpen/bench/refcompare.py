@@ -82,6 +82,9 @@ FIGURES: dict[str, Callable[[StageResult], float | None]] = {
     "create_p99_ms": lambda r: r.create_ms.p99,
     "added_ttft_p50_ms": lambda r: r.overhead_ms.p50,
     "added_ttft_p99_ms": lambda r: r.overhead_ms.p99,
+    "machine_busy_pct": lambda r: (
+        None if r.machine_busy_mean is None else 100 * r.machine_busy_mean
+    ),
 }
 
 
@@ -339,6 +342,7 @@ def render_reference_table(c: ReferenceComparison) -> Table:
         "create ms\np50/p99",
         "added TTFT ms\np50/p99",
         "errors",
+        "machine\nbusy",
         "DB pool\nmax",
         "RSS max\nMB",
         "server CPU\nms/task",
@@ -355,6 +359,7 @@ def render_reference_table(c: ReferenceComparison) -> Table:
                 _pair(f["create_p50_ms"], f["create_p99_ms"]),
                 _pair(f["added_ttft_p50_ms"], f["added_ttft_p99_ms"]),
                 str(f["errors_total"]),
+                _fmt(f["machine_busy_pct"], 0, "%"),
                 _fmt(f["pool_saturation_max_pct"], 0, "%"),
                 _fmt(f["rss_max_mb"], 0),
                 _fmt(f["cpu_ms_per_task"], 2),
@@ -370,6 +375,7 @@ def render_reference_table(c: ReferenceComparison) -> Table:
                 _pair(ratio["create_p50_ms"], ratio["create_p99_ms"], 2),
                 _pair(ratio["added_ttft_p50_ms"], ratio["added_ttft_p99_ms"], 2),
                 "",
+                _fmt(ratio["machine_busy_pct"], 2),
                 _fmt(ratio["pool_saturation_max_pct"], 2),
                 _fmt(ratio["rss_max_mb"], 2),
                 _fmt(ratio["cpu_ms_per_task"], 2),

@@ -121,6 +121,7 @@ class StageSamples:
     pool_in_use: list[float] = field(default_factory=list)
     pool_size: list[float] = field(default_factory=list)
     pool_saturation: list[float] = field(default_factory=list)
+    machine_busy: list[float] = field(default_factory=list)  # both cores, each second
     vus_max: int = 0
 
     def merge(self, other: StageSamples) -> None:
@@ -137,6 +138,7 @@ class StageSamples:
         self.pool_in_use += other.pool_in_use
         self.pool_size += other.pool_size
         self.pool_saturation += other.pool_saturation
+        self.machine_busy += other.machine_busy
         self.vus_max = max(self.vus_max, other.vus_max)
 
 
@@ -164,6 +166,7 @@ class StageResult:
     pool_saturation_max: float | None
     pool_saturation_mean: float | None
     errors: dict[str, int]
+    machine_busy_mean: float | None = None  # of all the machine's cores, 0 to 1
 
     @property
     def created_per_s(self) -> float | None:
@@ -206,6 +209,7 @@ class StageResult:
             pool_saturation_max=max(s.pool_saturation, default=None),
             pool_saturation_mean=_mean(s.pool_saturation),
             errors=dict(sorted(s.errors.items())),
+            machine_busy_mean=_mean(s.machine_busy),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -234,6 +238,7 @@ class StageResult:
             "pool_saturation_mean_pct": round_or_none(_scale(self.pool_saturation_mean, 100)),
             "errors": self.errors,
             "errors_total": self.errors_total,
+            "machine_busy_mean_pct": round_or_none(_scale(self.machine_busy_mean, 100)),
         }
 
 
@@ -358,6 +363,7 @@ def render_table(result: BenchResult) -> Table:
     table.add_column("completion ms\nmean/p95/p99", justify="right", overflow="fold")
     table.add_column("RSS max\nMB", justify="right", overflow="fold")
     table.add_column("DB pool\nmax", justify="right", overflow="fold")
+    table.add_column("machine\nbusy", justify="right", overflow="fold")
     table.add_column("errors", justify="right", overflow="fold")
     for row in result.rows:
         _add_row(table, row)
@@ -386,15 +392,18 @@ def _add_row(table: Table, row: StageResult, style: str | None = None) -> None:
         _fmt_dist(row.completion_ms),
         _fmt(_scale(row.rss_max_bytes, 1 / _MB), 0),
         _fmt_pool(row),
+        _fmt_pct(row.machine_busy_mean),
         str(row.errors_total),
         style=style,
     )
 
 
 def _fmt_pool(row: StageResult) -> str:
-    if row.pool_saturation_max is None:
-        return "n/a"
-    return f"{row.pool_saturation_max * 100:.0f}%"
+    return _fmt_pct(row.pool_saturation_max, "n/a")
+
+
+def _fmt_pct(share: float | None, missing: str = _DASH) -> str:
+    return missing if share is None else f"{share * 100:.0f}%"
 
 
 def _fmt_dist(d: Distribution) -> str:

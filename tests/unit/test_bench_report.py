@@ -2,11 +2,13 @@
 
 import io
 import json
+import time
 from collections import Counter
 
 import pytest
 from rich.console import Console
 
+from bullpen.bench.loadgen import machine_cpu
 from bullpen.bench.relaybench import Level, Side
 from bullpen.bench.report import (
     Distribution,
@@ -69,6 +71,7 @@ def _result(*, pool: bool):
         completion_s=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
         errors=Counter({"end_failed": 1, "seq_gap": 1}),
         rss_bytes=[100 * 1024 * 1024, 120 * 1024 * 1024],
+        machine_busy=[0.5, 0.75, 1.0],
         vus_max=4,
     )
     if pool:
@@ -191,8 +194,11 @@ def test_to_json_shape() -> None:
         "pool_saturation_mean_pct",
         "errors",
         "errors_total",
+        "machine_busy_mean_pct",
     }
     assert all(set(row) == row_keys for row in data["results"])
+    assert data["results"][1]["machine_busy_mean_pct"] == 75.0
+    assert data["results"][0]["machine_busy_mean_pct"] is None
     assert set(data["total"]) == row_keys
     assert set(data["results"][0]["ttft_ms"]) == {"count", "mean", "p50", "p95", "p99", "max"}
     assert data["results"][1]["pool_saturation_max_pct"] == 50.0
@@ -261,3 +267,16 @@ def test_relay_levels_report_the_hop_as_its_own_difference_from_direct() -> None
     assert summary["hop_cpu_ms_per_request"] == 1.5
     # Without hop rounds, no hop figures (rather than figures of nothing).
     assert "ttft_p50_hop_added_ms" not in Level(50, direct=[direct], relay=[relay]).summary()
+
+
+def test_the_machines_cpu_time_grows_and_busy_stays_within_it() -> None:
+    first = machine_cpu()
+    assert first is not None  # Linux: /proc/stat
+    deadline = time.monotonic() + 0.2
+    while time.monotonic() < deadline:  # busy for a while
+        pass
+    second = machine_cpu()
+    assert second is not None
+    assert 0 <= first[0] <= first[1] and 0 <= second[0] <= second[1]
+    assert second[0] > first[0] and second[1] > first[1]
+    assert second[0] - first[0] <= second[1] - first[1]
