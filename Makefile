@@ -42,7 +42,7 @@ bench: deps
 	uv run bullpen bench --backend postgres
 
 # SK-1: a 10-minute mixed soak on PostgreSQL (memory, descriptors, connections, tables flat),
-# then SK-2's SSE churn at its full 20,000 cycles of each kind (`make test` runs half of one).
+# then SK-2's SSE churn at its full 20,000 cycles of a task's stream (`make test` runs 5,000).
 soak: deps
 	BULLPEN_SOAK_S=$${BULLPEN_SOAK_S:-600} uv run pytest tests/faults/test_soak.py \
 		tests/integration/streams/test_sse_churn.py -s -p no:cacheprovider

@@ -249,7 +249,8 @@ async def test_a_noisy_neighbour_does_not_stretch_another_workspaces_wait(
     with workers(env) as pool:
 
         async def start() -> None:
-            pool.start(1)
+            (worker,) = pool.start(1)
+            await pool.ready(worker)
 
         got = await noisy_neighbour(
             db,

@@ -83,6 +83,15 @@ class Workers:
             started.append(proc)
         return started
 
+    async def ready(self, proc: subprocess.Popen[str], timeout_s: float = 60) -> None:
+        """Wait until a worker has said it is ready (its claims and its listener are up)."""
+        log = self._log_files[proc.pid]
+        deadline = time.monotonic() + timeout_s
+        while b"ready" not in os.pread(log.fileno(), os.fstat(log.fileno()).st_size, 0):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"worker {proc.pid} did not start")
+            await asyncio.sleep(0.1)
+
     def alive(self) -> list[subprocess.Popen[str]]:
         """The workers still running."""
         return [p for p in self.procs if p.poll() is None]

@@ -106,8 +106,9 @@ async def noisy_neighbour(
 ) -> dict[str, Any]:
     """B alone for 4 s, then B for 3 s while A submits `a_factor`× B's rate; waits and backlog.
 
-    `start` starts the worker (one process). The bench measures the same over HTTP
-    (`bullpen.bench.runqueue`); this fault test's copy seeds and reads the store directly.
+    `start` starts the worker (one process) and returns once it is ready. The bench measures
+    the same over HTTP (`bullpen.bench.runqueue`); this fault test's copy seeds and reads the
+    store directly.
     """
     import asyncpg
 
@@ -138,8 +139,8 @@ async def noisy_neighbour(
         return [(r.started_at - r.queued_at).total_seconds() for r in rows if r.started_at]
 
     try:
-        await start()
-        await asyncio.sleep(5)  # the worker is up and listening
+        await start()  # returns once the worker says it is ready
+        await asyncio.sleep(0.5)  # its listener connects, as `bullpen bench` waits
         alone = await waits(await submit(b, b_per_s, 4))
         flood = asyncio.create_task(submit(a, b_per_s * a_factor, 5))
         await asyncio.sleep(1)  # A's backlog has built up

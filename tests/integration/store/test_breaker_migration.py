@@ -3,46 +3,17 @@ its columns and indexes."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from bullpen.settings import Settings
 from bullpen.store.base import Store
-from bullpen.store.engine import create_store
 from bullpen.store.migrate import alembic_config
-from tests.support.postgres import admin, db_url
 
 COLUMNS = {
     "agents": {"breakers", "paused_reason", "breaker_since", "failures_in_a_row"},
     "api_keys": {"rpm_limit", "tpm_limit"},
 }
 INDEXES = {"runs": "ix_runs_agent_started", "cost_events": "ix_cost_events_agent_priced"}
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def bare(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    """A store on an empty database of its own (no migration run)."""
-    if request.param == "sqlite":
-        store = create_store(Settings(data_dir=tmp_path))
-        try:
-            yield store
-        finally:
-            await store.close()
-        return
-    request.getfixturevalue("pg_available")
-    name = f"bullpen_m14_{uuid.uuid4().hex[:12]}"
-    await admin(f'CREATE DATABASE "{name}"')
-    store = create_store(Settings(database_url=db_url(name), data_dir=Path("/nonexistent")))
-    try:
-        yield store
-    finally:
-        await store.close()
-        await admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 Schema = tuple[dict[str, set[str]], dict[str, set[str]]]

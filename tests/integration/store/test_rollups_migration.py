@@ -5,43 +5,16 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
-from pathlib import Path
 
-import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from bullpen.settings import Settings
 from bullpen.store import costs, latency, rollups
 from bullpen.store.base import Store
-from bullpen.store.engine import create_store
 from bullpen.store.migrate import alembic_config
 from bullpen.store.tables import cost_events, runs
-from tests.support.postgres import admin, db_url
 from tests.support.seed import NOW, new_task, workspace_with_agent
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def bare(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    """A store on an empty database of its own (no migration run)."""
-    if request.param == "sqlite":
-        store = create_store(Settings(data_dir=tmp_path))
-        try:
-            yield store
-        finally:
-            await store.close()
-        return
-    request.getfixturevalue("pg_available")
-    name = f"bullpen_m21_{uuid.uuid4().hex[:12]}"
-    await admin(f'CREATE DATABASE "{name}"')
-    store = create_store(Settings(database_url=db_url(name), data_dir=Path("/nonexistent")))
-    try:
-        yield store
-    finally:
-        await store.close()
-        await admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def _move(store: Store, target: str, *, down: bool = False) -> set[str]:
