@@ -45,12 +45,12 @@ def _rolled_day(dialect: str) -> sa.ColumnElement[Any]:
     return sa.type_coerce(_D.day, sa.String)  # stored as YYYY-MM-DD
 
 
-def _rolled(name: str) -> sa.ColumnElement[Any]:
-    """A group key of `cost_days`, NULL where the ledger's is (`NO_ID` there)."""
-    column = _D[name]
-    if name in ("agent_id", "api_key_id"):
-        return sa.func.nullif(column, sa.literal(NO_ID, sa.Uuid), type_=sa.Uuid)
-    return column
+def _keyed(key: sa.ColumnElement[Any], group_by: str) -> sa.ColumnElement[Any]:
+    """A group key as the answer gives it: `NO_ID`, which stands for a call without an agent
+    or API key in `cost_days` (and in the ledger's rows as they are grouped), is NULL."""
+    if group_by in _ID_GROUPS:
+        return sa.func.nullif(key, sa.literal(NO_ID, sa.Uuid), type_=sa.Uuid)
+    return key
 
 
 def _midnight(at: datetime, *, up: bool) -> datetime:
@@ -93,8 +93,8 @@ async def totals(
     parts: list[sa.Select[Any]] = []
     if first < last:
         keys = [_rolled_day(dialect).label("day")] if by_day else []
-        if group_by is not None:
-            keys.append(_rolled(GROUPS[group_by].name).label("key"))
+        if group_by is not None:  # grouped on the column itself, NO_ID as NULL once grouped
+            keys.append(_D[GROUPS[group_by].name].label("key"))
         rolled = sa.select(*keys, *(_D[name].label(name) for name in _SUMS)).where(
             _D.workspace_id == workspace_id, _D.day >= first.date(), _D.day < last.date()
         )
@@ -114,13 +114,16 @@ async def totals(
     outer = [r.day] if by_day else []
     if group_by is not None:
         outer.append(r.key)
+    shown = [r.day] if by_day else []
+    if group_by is not None:
+        shown.append(_keyed(r.key, group_by).label("key"))
     query = sa.select(
-        *outer,
+        *shown,
         *(sa.func.coalesce(sa.func.sum(r[name]), 0).label(name) for name in _SUMS[:-1]),
         sa.func.coalesce(sa.func.sum(r.cost_usd), 0.0).label("cost_usd"),
     ).limit(MAX_ROWS + 1)
     if outer:
-        query = query.group_by(*outer).order_by(*outer)
+        query = query.group_by(*outer).order_by(*shown)
     rows = [dict(row._mapping) for row in await conn.execute(query)]
     if len(rows) > MAX_ROWS:
         raise InvalidInput(f"more than {MAX_ROWS} groups: narrow the date range or group by less")
@@ -144,8 +147,11 @@ def _raw(
 ) -> sa.Select[Any]:
     """The ledger's rows in [since, until) with the columns of a `cost_days` row."""
     keys = [_day(dialect).label("day")] if by_day else []
-    if group_by is not None:
-        keys.append(GROUPS[group_by].label("key"))
+    if group_by is not None:  # grouped with `cost_days`' rows, where NULL is NO_ID
+        column: sa.ColumnElement[Any] = GROUPS[group_by]
+        if group_by in _ID_GROUPS:
+            column = sa.func.coalesce(column, sa.literal(NO_ID, sa.Uuid), type_=sa.Uuid)
+        keys.append(column.label("key"))
     query = sa.select(
         *keys,
         sa.literal(1, sa.BigInteger).label("calls"),

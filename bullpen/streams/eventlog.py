@@ -122,15 +122,7 @@ class _Final:
 
 
 class EventLog:
-    """Owns the flusher task that commits all runs' pending events together.
-
-    Two commits may be in flight at once: one carrying runs' finals (a transaction of several
-    statements: each run's state change with its `end`), and one of other runs' events alone
-    (on PostgreSQL one statement, no transaction). So a first token does not wait for other
-    runs' ends to commit. A writer is in at most one of them at a time, which keeps each run's
-    events in seq order in the log and on the bus. (On SQLite the two take turns on its one
-    writer.)
-    """
+    """Owns the flusher task that commits all runs' pending events together."""
 
     def __init__(self, store: Store, bus: Bus, *, coalesce_s: float, clock: Clock) -> None:
         self._store = store
@@ -141,10 +133,9 @@ class EventLog:
         self._wake = asyncio.Event()
         self._cycle: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._task: asyncio.Task[None] | None = None
-        self._committing: set[RunWriter] = set()
+        self._committing: frozenset[RunWriter] = frozenset()
         self._urgent = asyncio.Event()
         self._finals: list[_Final] = []
-        self._ending: asyncio.Task[None] | None = None  # the commit of finals in flight
         self.commits = 0
 
     def writer(
@@ -176,7 +167,7 @@ class EventLog:
 
     async def flush(self, writer: RunWriter) -> None:
         """Wait until everything the writer emitted so far is committed and published."""
-        while writer.pending or writer in self._dirty or writer in self._committing:
+        while writer.pending or writer in self._dirty or self._inflight(writer):
             self._wake.set()
             await asyncio.shield(self._cycle)
 
@@ -191,8 +182,8 @@ class EventLog:
     ) -> bool:
         """Commit the run's last event with its final state change, then publish it.
 
-        The final joins the next commit of finals: after the writer's pending events, in the
-        same transaction as other runs' finals (one commit for many runs' ends). `change`
+        The final joins the next group commit: after the writer's pending events, in the same
+        transaction as other runs' events and finals (one commit for many runs' ends). `change`
         returns False to refuse (a fenced attempt): then nothing of the final is stored.
         `urgent` skips the coalescing wait (an end someone waits for, such as a subtask's).
         """
@@ -216,12 +207,11 @@ class EventLog:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        if self._ending is not None:  # let a commit in flight end: its runs wait on it
-            with contextlib.suppress(Exception):
-                await self._ending
         if self._dirty or self._finals:
-            finals, self._finals = self._finals, []
-            await self._commit(self._take(self._dirty), finals)
+            await self._commit_once()
+
+    def _inflight(self, writer: RunWriter) -> bool:
+        return writer in self._committing
 
     async def _run(self) -> None:
         while True:
@@ -233,62 +223,23 @@ class EventLog:
                     async with asyncio.timeout(self._coalesce_s):
                         await self._urgent.wait()
             self._urgent.clear()
-            self._start_ending()
-            writers = self._take(self._dirty)
-            if not writers:
-                continue
             try:
-                await self._commit(writers, [])
+                await self._commit_once()
             except Exception as err:
                 # Keep the flusher alive whatever happens: every live stream depends on it.
-                self._failed(err)
+                if isinstance(err, BullpenError):
+                    log.warning("event commit failed, retrying: %s", err.detail)
+                else:
+                    log.exception("event commit failed unexpectedly, retrying")
                 await asyncio.sleep(0.5)
                 self._wake.set()
-            if self._finals and self._ending is None:  # finals of the writers just committed
-                self._wake.set()
 
-    def _take(self, wanted: set[RunWriter]) -> set[RunWriter]:
-        """The writers of `wanted` not in a commit now, out of the dirty set and into
-        `_committing` (a writer in a commit already waits for the next)."""
-        taken = wanted - self._committing
-        self._dirty -= taken
-        self._committing |= taken
-        return taken
-
-    def _start_ending(self) -> None:
-        """Start committing the finals waiting, unless a commit of finals is in flight; a
-        final whose writer's events are committing now waits for the next."""
-        if self._ending is not None or not self._finals:
-            return
-        finals = [f for f in self._finals if f.writer not in self._committing]
-        if not finals:
-            return
-        self._finals = [f for f in self._finals if f.writer in self._committing]
-        writers = self._take({f.writer for f in finals} & self._dirty)
-        self._ending = asyncio.create_task(self._end(writers, finals), name="bullpen-eventlog-end")
-
-    async def _end(self, writers: set[RunWriter], finals: list[_Final]) -> None:
-        try:
-            await self._commit(writers, finals)
-        except Exception as err:
-            self._failed(err)
-            await asyncio.sleep(0.5)
-        finally:
-            self._ending = None
-            if self._finals or self._dirty:
-                self._wake.set()
-
-    @staticmethod
-    def _failed(err: Exception) -> None:
-        if isinstance(err, BullpenError):
-            log.warning("event commit failed, retrying: %s", err.detail)
-        else:
-            log.exception("event commit failed unexpectedly, retrying")
-
-    async def _commit(self, writers: set[RunWriter], finals: list[_Final]) -> None:
-        """Commit the pending events of `writers` (taken into `_committing`), and `finals`
-        with their state changes, then publish them."""
+    async def _commit_once(self) -> None:
+        writers, self._dirty = self._dirty, set()
+        finals, self._finals = self._finals, []
+        self._committing = frozenset(writers)
         drained: dict[RunWriter, list[RunEvent]] = {}
+        done, self._cycle = self._cycle, asyncio.get_running_loop().create_future()
         try:
             for writer in writers:
                 events = writer.drain()
@@ -339,10 +290,9 @@ class EventLog:
                 if not final.done.done():
                     final.done.set_result(id(final) in chosen)
         finally:
-            self._committing -= writers
-            # Whoever waits in `flush` looks again after every commit, of either kind.
-            done, self._cycle = self._cycle, asyncio.get_running_loop().create_future()
-            done.set_result(None)
+            self._committing = frozenset()
+            if not done.done():
+                done.set_result(None)
 
     async def _append(
         self, conn: Connection, drained: dict[RunWriter, list[RunEvent]]

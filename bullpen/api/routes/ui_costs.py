@@ -217,8 +217,8 @@ def chart_data(
         "series": list(drawn.values()),
         "latency": {
             "x": [int(h.timestamp()) for h in hours],
-            "p50": [row["p50_ms"] for row in latency],
-            "p95": [row["p95_ms"] for row in latency],
+            "p50": [round(row["p50_ms"], 1) for row in latency],  # as the table shows them
+            "p95": [round(row["p95_ms"], 1) for row in latency],
         },
     }
 

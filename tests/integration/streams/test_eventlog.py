@@ -146,45 +146,11 @@ class HeldEnd:
         )
 
 
-async def test_a_first_text_does_not_wait_for_other_runs_ends_to_commit(store: Store) -> None:
-    """Runs' ends commit in a transaction of several statements; another run's events commit
-    beside it (PostgreSQL), not after it. On SQLite, with its one writer, they take turns."""
-    ws, task_a, run_a = await _run(store, "a")
-    _, task_b, run_b = await _run(store, "b")
-    held = HeldEnd()
-    bus = MemoryBus()
-    with bus.open(task_b, ws) as live:
-        async with EventLog(store, bus, coalesce_s=0.05, clock=lambda: NOW) as log:
-            ending = held.commit(log, log.writer(run_a, task_a, ws, last_seq=0))
-            await asyncio.wait_for(held.entered.wait(), 5)
-            b = log.writer(run_b, task_b, ws, last_seq=0)
-            b.text("first")
-            if store.is_sqlite:
-                assert await live.get(0.3) is None  # b's commit waits for the one writer
-                held.release.set()
-                event = await live.get(5)
-            else:
-                event = await live.get(5)  # committed and published while a's end is open
-                assert not ending.done()
-                held.release.set()
-            assert event is not None and event.data == {"text": "first"}
-            assert await ending
-    async with store.read() as conn:
-        stored = {
-            run: [
-                (e.seq, e.kind)
-                for e in await event_store.after(conn, run_id=run, after_seq=0, limit=9)
-            ]
-            for run in (run_a, run_b)
-        }
-    assert stored == {run_a: [(1, EventKind.END)], run_b: [(1, EventKind.TEXT)]}
-
-
-async def test_a_writers_events_and_its_end_commit_in_order_whichever_commit_takes_them(
+async def test_a_writers_events_and_its_end_commit_in_order_behind_another_runs_end(
     store: Store,
 ) -> None:
-    """A run's events committing when its end is asked for: the end waits for them, and the
-    log holds them in seq order before it; flush waits for both kinds of commit."""
+    """A run's events and its end asked for while another run's end is committing: they wait
+    for it, and the log and the bus hold them in seq order, the end last."""
     ws, task_a, run_a = await _run(store, "a")
     _, task_b, run_b = await _run(store, "b")
     held = HeldEnd()
