@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Coroutine
+import uuid
+from collections.abc import AsyncIterator, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import asyncpg
+
+from bullpen.settings import Settings
+from bullpen.store.base import Store
+from bullpen.store.engine import create_store
 
 PG_ADMIN_URL = os.environ.get("BULLPEN_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -37,6 +44,20 @@ def db_url(name: str) -> str:
     """The URL of database `name` on the same server."""
     base = PG_ADMIN_URL.rsplit("/", 1)[0]
     return f"{base}/{name}"
+
+
+@asynccontextmanager
+async def empty_store(prefix: str) -> AsyncIterator[Store]:
+    """A store on an empty PostgreSQL database of its own (no migration run), named
+    `<prefix>_<hex>`, dropped afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    await admin(f'CREATE DATABASE "{name}"')
+    store = create_store(Settings(database_url=db_url(name), data_dir=Path("/nonexistent")))
+    try:
+        yield store
+    finally:
+        await store.close()
+        await admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def run_apart(coro: Coroutine[Any, Any, None]) -> None:

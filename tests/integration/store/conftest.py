@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 from bullpen.settings import Settings
 from bullpen.store.base import Store
 from bullpen.store.engine import create_store
-from tests.support.postgres import admin, db_url
+from tests.support.postgres import empty_store
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -26,11 +25,5 @@ async def bare(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
             await store.close()
         return
     request.getfixturevalue("pg_available")
-    name = f"bullpen_bare_{uuid.uuid4().hex[:12]}"
-    await admin(f'CREATE DATABASE "{name}"')
-    store = create_store(Settings(database_url=db_url(name), data_dir=Path("/nonexistent")))
-    try:
+    async with empty_store("bullpen_bare") as store:
         yield store
-    finally:
-        await store.close()
-        await admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -6,18 +6,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from bullpen.settings import Settings
 from bullpen.store import tasks as task_store
 from bullpen.store.base import Store
-from bullpen.store.engine import create_store
 from bullpen.store.migrate import alembic_config
-from tests.support.postgres import admin, db_url
+from tests.support.postgres import empty_store
 
 pytestmark = pytest.mark.usefixtures("pg_available")
 
@@ -25,14 +22,8 @@ pytestmark = pytest.mark.usefixtures("pg_available")
 @pytest.fixture
 async def bare() -> AsyncIterator[Store]:
     """A store on an empty PostgreSQL database of its own (no migration run)."""
-    name = f"bullpen_m11_{uuid.uuid4().hex[:12]}"
-    await admin(f'CREATE DATABASE "{name}"')
-    store = create_store(Settings(database_url=db_url(name), data_dir=Path("/nonexistent")))
-    try:
+    async with empty_store("bullpen_m11") as store:
         yield store
-    finally:
-        await store.close()
-        await admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def _to(store: Store, revision: str, *, down: bool = False) -> None:
