@@ -82,6 +82,12 @@ SERIAL = (
     # Budgets hold to a slice per call only while a read carries a few tokens: on a starved
     # loop one read carried 70-100 (measured), whatever the reservation's speed.
     "integration/gateway/test_relay_budgets.py::test_concurrent_relay_streams_never_pass_a_budget_by_more_than_a_slice_each",
+    # Each waits at most 30 s for a thousand-task chain's cancel to reach every level: in the
+    # clean-clone run of 2026-12-06 9 runs were still open at the deadline (passes alone in 7 s).
+    "integration/api/test_task_trees.py::test_cancelling_a_chain_of_a_thousand_cancels_every_level",
+    # Failed once in the same run (a reader inside the open write transaction was not held
+    # back); passes alone. Left here to be looked into without four workers beside it.
+    "integration/store/test_task_changes.py::test_another_databases_open_transaction_does_not_hold_a_reader_back",
     # The same bound for agents' runs: in two full runs on 2026-12-06 a starved loop charged
     # 55-142 output tokens a call against a 16-token slice (it passes alone).
     "integration/agents/test_spend.py::test_concurrent_runs_never_spend_past_a_budget_by_more_than_a_slice_each",
