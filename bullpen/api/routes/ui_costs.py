@@ -103,6 +103,17 @@ def _count(value: int) -> str:
     return f"{value:,}"
 
 
+def _sums(row: Mapping[str, Any]) -> tuple[str, ...]:
+    """A costs row's calls, input, cached input and output tokens, and cost, formatted."""
+    return (
+        _count(row["calls"]),
+        _count(row["input_tokens"]),
+        _count(row["cached_input_tokens"]),
+        _count(row["output_tokens"]),
+        _usd(row["cost_usd"]),
+    )
+
+
 def table_rows(
     series: Sequence[Mapping[str, Any]],
     totals: Sequence[Mapping[str, Any]],
@@ -117,11 +128,7 @@ def table_rows(
                 r["day"],
                 r["key"] or "",
                 label.get(r["key"], r["key"] or ""),
-                _count(r["calls"]),
-                _count(r["input_tokens"]),
-                _count(r["cached_input_tokens"]),
-                _count(r["output_tokens"]),
-                _usd(r["cost_usd"]),
+                *_sums(r),
             )
             for r in series
         ],
@@ -129,11 +136,7 @@ def table_rows(
             (
                 r["key"] or "",
                 label[r["key"]],
-                _count(r["calls"]),
-                _count(r["input_tokens"]),
-                _count(r["cached_input_tokens"]),
-                _count(r["output_tokens"]),
-                _usd(r["cost_usd"]),
+                *_sums(r),
             )
             for r in totals
         ],
