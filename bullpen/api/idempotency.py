@@ -77,13 +77,10 @@ class IdempotentWrite:
 
     @asynccontextmanager
     async def begin(self, principal: Principal) -> AsyncIterator[IdempotentWrite]:
-        """Open the write transaction; `replayed` is set when a stored outcome answers.
-
-        Without a key there is nothing to commit with the operation, so no transaction is
-        opened here: the service's own are the request's (a create can then commit in one
-        statement, issue 21)."""
+        """Open the write transaction; `replayed` is set when a stored outcome answers."""
         if self._key is None:
-            yield self
+            async with self._svc.store.write():
+                yield self
             return
         if principal.workspace_id == NO_WORKSPACE:
             # Keys are stored per workspace (issue 19, finding 10: a user in none yet).

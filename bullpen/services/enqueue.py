@@ -109,25 +109,12 @@ class Admission:
     async def check_backlog(self, conn: Connection, workspace_id: UUID) -> None:
         """Refuse to enqueue beyond the workspace's bounded backlog (429, nothing created).
 
-        Within `_EXACT_MARGIN` of the bound every enqueue counts afresh under a per-workspace
-        lock held to its commit (PostgreSQL; SQLite has one writer), so concurrent creates, in
-        this process or others, cannot together pass the bound: its creates are serialised
-        only while the queue is nearly full.
-        """
-        if await self.backlog_near_bound(conn, workspace_id):
-            await run_store.lock_backlog(conn, workspace_id)
-            waiting = await self.waiting(conn, workspace_id)
-            self._seen[workspace_id] = (time.monotonic(), waiting + 1)
-            if self.full(waiting):
-                raise self._backlog_full()
-
-    async def backlog_near_bound(self, conn: Connection, workspace_id: UUID) -> bool:
-        """Refuse a full backlog (429); True when it is within `_EXACT_MARGIN` of its bound,
-        where only a count under the workspace's lock (`check_backlog`, in a transaction) is
-        exact; False when an enqueue may go ahead without that lock.
-
         A count costs up to `max_backlog` index entries, so a count far below the bound is
-        reused for a second (plus what this process enqueued since).
+        reused for a second (plus what this process enqueued since). Within `_EXACT_MARGIN`
+        of the bound every enqueue counts afresh under a per-workspace lock held to its
+        commit (PostgreSQL; SQLite has one writer), so concurrent creates, in this process or
+        others, cannot together pass the bound: its creates are serialised only while the
+        queue is nearly full.
         """
         exact_from = self.max_backlog - _EXACT_MARGIN
         now = time.monotonic()
@@ -135,15 +122,14 @@ class Admission:
         reusable = min(self.max_backlog // 2, exact_from)
         if seen is not None and now - seen[0] < 1.0 and seen[1] < reusable:
             self._seen[workspace_id] = (seen[0], seen[1] + 1)  # this one joins it
-            return False
+            return
         waiting = await self.waiting(conn, workspace_id)
-        if self.full(waiting):  # a full queue refuses without waiting for the lock
-            raise self._backlog_full()
+        if exact_from <= waiting < self.max_backlog:  # a full queue refuses without waiting
+            await run_store.lock_backlog(conn, workspace_id)
+            waiting = await self.waiting(conn, workspace_id)
         self._seen[workspace_id] = (now, waiting + 1)
-        return waiting >= exact_from
-
-    def _backlog_full(self) -> RateLimited:
-        return RateLimited(
-            self.full_message() + "; retry when some have started",
-            retry_after=self._retry_after_s,
-        )
+        if self.full(waiting):
+            raise RateLimited(
+                self.full_message() + "; retry when some have started",
+                retry_after=self._retry_after_s,
+            )

@@ -86,42 +86,6 @@ class TaskService:
         """
         need(principal, Permission.TASKS_WRITE)
         now = self._clock()
-        fields: dict[str, Any] = {
-            "creator_user_id": principal.user_id,
-            "creator_key_id": principal.api_key_id,
-            "priority": priority,
-            "labels": labels,
-            "parent_id": parent_id,
-        }
-        common: dict[str, Any] = {
-            "workspace_id": principal.workspace_id,
-            "agent_id": agent_id,
-            "title": title or title_from_prompt(prompt),
-            "prompt": prompt,
-            "now": now,
-        }
-
-        def audited(task_id: UUID, run_id: UUID | None) -> dict[str, Any]:
-            data = {
-                "agent_id": str(agent_id),
-                "run_id": None if run_id is None else str(run_id),
-                "parent_id": None if parent_id is None else str(parent_id),
-                "blocked_by": [str(b) for b in blocked_by or []],
-            }
-            return audit.entry_by(principal, "task.create", "task", task_id, now, data)
-
-        if not blocked_by and parent_id is None:
-            # The common create, a top-level task for an agent that takes it: on PostgreSQL
-            # one statement that commits by itself (`queue_task`). Anything else, or a
-            # backlog near its bound, goes the way below, which says why or waits its turn.
-            async with self._store.autocommit() as conn:
-                queued = None
-                if not await self._admission.backlog_near_bound(conn, principal.workspace_id):
-                    queued = await task_store.queue_task(conn, **common, **fields, audit=audited)
-                if queued is not None:
-                    self._store.after_commit(self._on_enqueued)
-            if queued is not None:
-                return queued
         async with self._store.write() as conn:
             if blocked_by:  # (a task with a run: its insert checks the agent)
                 await self._admission.agent(conn, principal.workspace_id, agent_id)
@@ -133,6 +97,30 @@ class TaskService:
                     raise Conflict(f"the parent task has ended ({parent.status})")
                 await self._admission.check_depth(conn, parent_id)
             await self._admission.check_backlog(conn, principal.workspace_id)
+            fields: dict[str, Any] = {
+                "creator_user_id": principal.user_id,
+                "creator_key_id": principal.api_key_id,
+                "priority": priority,
+                "labels": labels,
+                "parent_id": parent_id,
+            }
+            common: dict[str, Any] = {
+                "workspace_id": principal.workspace_id,
+                "agent_id": agent_id,
+                "title": title or title_from_prompt(prompt),
+                "prompt": prompt,
+                "now": now,
+            }
+
+            def audited(task_id: UUID, run_id: UUID | None) -> dict[str, Any]:
+                data = {
+                    "agent_id": str(agent_id),
+                    "run_id": None if run_id is None else str(run_id),
+                    "parent_id": None if parent_id is None else str(parent_id),
+                    "blocked_by": [str(b) for b in blocked_by or []],
+                }
+                return audit.entry_by(principal, "task.create", "task", task_id, now, data)
+
             run: RunRecord | None = None
             if blocked_by:
                 task = await task_store.insert_blocked_task(conn, **common, **fields)

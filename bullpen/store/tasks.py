@@ -46,7 +46,10 @@ _INSERT_AUDIT = audit_events.insert()
 # migrations 0011 and 0012) let them all run at once, and the reference scenario got worse, not
 # better: at 80 users the time added to the first token went from 27 to 160 ms on average, the
 # pool from 20 to 100 % (docs/benchmarks/history.md). The one statement that increments also
-# inserts, so the lock is held for that statement and the commit only.
+# inserts, so the lock is held for that statement and the commit only. Committing that
+# statement by itself (autocommit, no BEGIN/COMMIT) was tried too (ninth session): fewer round
+# trips and less CPU per create, but at 80 users the pool filled and the time added to the
+# first token doubled, so creates keep their transaction.
 _NEXT_NUMBER = (
     workspaces.update()
     .where(workspaces.c.id == sa.bindparam("workspace_id"))
@@ -183,54 +186,16 @@ async def insert_task_with_run(
     """Create a queued task and its queued run; returns both as stored (no read-back).
 
     Only for an active agent of the workspace: otherwise AgentNotActive (a Conflict), and
-    nothing is inserted. For an agent that requires approval the task is
-    `awaiting_approval`, without a run (None), and its pending approval is recorded with it.
-    `audit` and `fields` as for `queue_task`.
-    """
-    task = _new_task(workspace_id, agent_id, title, prompt, TaskStatus.QUEUED, now, fields)
-    queued = await _queue(conn, task, audit)
-    if queued is not None:
-        return queued
-    gated = await _awaiting(conn, task, audit)
-    if gated is None:
-        raise AgentNotActive
-    return gated, None
-
-
-async def queue_task(
-    conn: Connection,
-    *,
-    workspace_id: UUID,
-    agent_id: UUID,
-    title: str,
-    prompt: str,
-    now: datetime,
-    audit: Callable[[UUID, UUID | None], dict[str, Any]] | None = None,
-    **fields: Any,
-) -> tuple[TaskRecord, RunRecord] | None:
-    """Create a queued task and its queued run if the assignee is an active agent of the
-    workspace that needs no approval; None, with nothing inserted, otherwise.
-
-    On PostgreSQL this is one statement: in an autocommit connection it commits by itself,
-    and the workspace's counter row is locked only while the statement runs, not across the
-    round trips to COMMIT (at 80 users, creates waited on that lock more than on anything
-    else, issue 21).
+    nothing is inserted (on PostgreSQL the check is part of the one statement that inserts).
+    For an agent that requires approval the task is `awaiting_approval`, without a run (None),
+    and its pending approval is recorded with it.
     `audit(task_id, run_id)` gives the audit event of the create (`audit.entry_by`), inserted
     with them. `fields`: creator_user_id, creator_key_id, priority, labels, parent_id,
     origin_key (the tool step that created a subtask), blocks_parent (whether the parent
     waits for it).
     """
     task = _new_task(workspace_id, agent_id, title, prompt, TaskStatus.QUEUED, now, fields)
-    return await _queue(conn, task, audit)
-
-
-async def _queue(
-    conn: Connection,
-    task: dict[str, Any],
-    audit: Callable[[UUID, UUID | None], dict[str, Any]] | None,
-) -> tuple[TaskRecord, RunRecord] | None:
-    workspace_id, agent_id = task["workspace_id"], task["agent_id"]
-    run = _queued_run(task["id"], workspace_id, agent_id, task["created_at"], task["priority"])
+    run = _queued_run(task["id"], workspace_id, agent_id, now, task["priority"])
     entry = None if audit is None else audit(task["id"], run["id"])
     if conn.dialect.name == "postgresql":
         params = {f"task_{k}": v for k, v in task.items()}
@@ -242,12 +207,18 @@ async def _queue(
             statement = _TASK_AND_RUN_AUDITED
         row = (await conn.execute(statement, params)).first()
         if row is None:
-            return None
+            gated = await _awaiting(conn, task, audit)
+            if gated is None:
+                raise AgentNotActive
+            return gated, None
         number, task_key = int(row.number), str(row.task_key)
     else:
         active = {"agent_id": agent_id, "workspace_id": workspace_id}
         if (await conn.execute(_ACTIVE_AGENT, active)).first() is None:
-            return None
+            gated = await _awaiting(conn, task, audit)
+            if gated is None:
+                raise AgentNotActive
+            return gated, None
         number, task_key = await next_task_number(conn, workspace_id)
         await conn.execute(_INSERT_TASK, {**task, "number": number})
         await conn.execute(_INSERT_RUN, run)

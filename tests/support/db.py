@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -38,35 +37,19 @@ async def audits(server: RunningServer, action: str) -> list[Any]:
     )
 
 
-@dataclass(frozen=True)
-class Sent:
-    """A statement the server sent, and whether it ran outside a transaction (autocommit)."""
-
-    statement: str
-    autocommit: bool
-
-
 @contextmanager
-def sent(server: RunningServer, holding: str) -> Iterator[list[Sent]]:
-    """The statements holding `holding` that the server sends while inside."""
-    found: list[Sent] = []
+def key_reads(server: RunningServer) -> Iterator[list[str]]:
+    """The statements reading `api_keys` that the server sends while inside."""
+    lookups: list[str] = []
     engine = server.services.store.engine
     sync_engine = engine if isinstance(engine, sa.Engine) else engine.sync_engine
 
-    def seen(conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if holding in statement:
-            alone = bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
-            found.append(Sent(statement, alone))
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "FROM api_keys" in statement:
+            lookups.append(statement)
 
     sa.event.listen(sync_engine, "before_cursor_execute", seen)
     try:
-        yield found
+        yield lookups
     finally:
         sa.event.remove(sync_engine, "before_cursor_execute", seen)
-
-
-@contextmanager
-def key_reads(server: RunningServer) -> Iterator[list[Sent]]:
-    """The statements reading `api_keys` that the server sends while inside."""
-    with sent(server, "FROM api_keys") as found:
-        yield found

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from bullpen.app import build
 from bullpen.store.tables import agents, runs, tasks
-from tests.support.db import count, sent
+from tests.support.db import count
 from tests.support.http import call, problem
 from tests.support.servers import RunningServer
 from tests.support.sse import read_events
@@ -45,25 +45,6 @@ async def test_concurrent_creates_together_never_pass_the_backlog_bound(
     )
     assert sorted(reply.status for reply in replies) == [201] * 3 + [429] * 17
     assert await count(server, tasks) == 3 and await count(server, runs) == 3
-
-
-@pytest.mark.parametrize("backend", ["postgres"])
-@pytest.mark.with_settings(worker_enabled=False)
-async def test_a_create_takes_its_number_in_one_statement_that_commits_alone(
-    server: RunningServer, http: aiohttp.ClientSession
-) -> None:
-    """The workspace's counter row is locked only while that statement runs (issue 21); with
-    an Idempotency-Key the number commits with the stored outcome, in one transaction."""
-    await new_task(http, server)  # (the backlog's count is read once a second)
-    with sent(server, "task_counter") as numbered:
-        await new_task(http, server)
-    assert [one.autocommit for one in numbered] == [True], numbered
-    body = {"prompt": "with a key", "agent_id": str(server.boot.agent_id)}
-    with sent(server, "task_counter") as numbered:
-        headers = {**server.auth, "Idempotency-Key": "k1"}
-        reply = await call(http, server, "POST", "/api/v1/tasks", headers, body)
-    assert reply.status == 201, reply.text
-    assert [one.autocommit for one in numbered] == [False], numbered
 
 
 # The provider is a closed port: every call fails to connect, a transient failure.
