@@ -88,6 +88,13 @@ class Connection(Protocol):
         ...
 
 
+def dicts(result: CursorResult[Any]) -> list[dict[str, Any]]:
+    """Every row of `result` as a dict of its columns. (`row._mapping` builds a view of the
+    column names for each row: 300 rows of the costs page's chart cost a millisecond.)"""
+    names = list(result.keys())
+    return [dict(zip(names, row, strict=True)) for row in result]
+
+
 class InlineConnection:
     """A SQLite transaction used directly on the event loop (no thread hop per statement)."""
 
@@ -135,6 +142,16 @@ def _at_once(step: Coroutine[Any, Any, T]) -> T:
 _AMBIENT: contextvars.ContextVar[_Ambient | None] = contextvars.ContextVar(
     "bullpen_ambient_tx", default=None
 )
+
+
+def after_commit(callback: Callable[[], None]) -> None:
+    """Call `callback` once the write transaction open in this task commits (now if none
+    is open)."""
+    ambient = _ambient()
+    if ambient is None:
+        callback()
+    else:
+        ambient.after_commit.append(callback)
 
 
 class Store:
@@ -279,11 +296,7 @@ class Store:
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Call `callback` once the open write transaction commits (now if none is open)."""
-        ambient = _ambient()
-        if ambient is None:
-            callback()
-        else:
-            ambient.after_commit.append(callback)
+        after_commit(callback)
 
     @asynccontextmanager
     async def _begin_write(self) -> AsyncIterator[Connection]:

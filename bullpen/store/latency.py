@@ -33,7 +33,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -41,7 +41,7 @@ import sqlalchemy as sa
 
 from bullpen.errors import InvalidInput
 from bullpen.store import rollups
-from bullpen.store.base import Connection
+from bullpen.store.base import Connection, dicts
 from bullpen.store.tables import runs, ttft_hours
 
 PERCENTILES = (0.5, 0.95)
@@ -90,6 +90,35 @@ def _on_the_hour(at: datetime, *, up: bool) -> datetime:
 
 
 async def _from_histogram(
+    conn: Connection, workspace_id: UUID, since: datetime, until: datetime
+) -> list[dict[str, Any]]:
+    """The percentiles of the whole hours in [since, until), from `ttft_hours`; on SQLite
+    those of hours not written since they were last read come from the rollups' memo
+    (`rollups.Memo`), and only the span from the first hour it lacks to the last is read."""
+    memo = rollups.memo_of(conn)
+    if memo is None:
+        return await _histogram(conn, workspace_id, since, until)
+    stamp = memo.stamp()  # before the read begins
+    hours = [since + timedelta(hours=n) for n in range(int((until - since) / _HOUR))]
+    found = {hour: memo.get(_KIND, workspace_id, hour) for hour in hours}
+    lacking = [hour for hour, value in found.items() if value is rollups.MISSING]
+    if lacking:
+        start, end = lacking[0], lacking[-1] + _HOUR
+        read = {
+            datetime.fromisoformat(row["hour"]).replace(tzinfo=UTC): row
+            for row in await _histogram(conn, workspace_id, start, end)
+        }
+        for hour in hours[hours.index(start) : hours.index(lacking[-1]) + 1]:
+            found[hour] = read.get(hour)  # None: no run started in that hour
+            memo.put(_KIND, workspace_id, hour, stamp, found[hour])
+    return [dict(row) for row in found.values() if row is not None]
+
+
+_KIND = "ttft"
+_HOUR = timedelta(hours=1)
+
+
+async def _histogram(
     conn: Connection, workspace_id: UUID, since: datetime, until: datetime
 ) -> list[dict[str, Any]]:
     """The percentiles of the whole hours in [since, until), from `ttft_hours`: the database
@@ -177,7 +206,7 @@ async def _exact(
     else:
         query = _interpolated(hour, window)
     query = query.order_by(sa.text("hour")).limit(MAX_HOURS + 1)
-    rows = [dict(row._mapping) for row in await conn.execute(query)]
+    rows = dicts(await conn.execute(query))
     for row in rows:
         row["runs"] = int(row["runs"])
         for p in PERCENTILES:

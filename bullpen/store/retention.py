@@ -73,9 +73,13 @@ async def delete_old_ttft(conn: Connection, cutoff: datetime, limit: int) -> int
         .limit(limit)
     )
     result = await conn.execute(
-        ttft_hours.delete().where(sa.tuple_(h.workspace_id, h.hour, h.bucket).in_(doomed))
+        ttft_hours.delete()
+        .where(sa.tuple_(h.workspace_id, h.hour, h.bucket).in_(doomed))
+        .returning(h.workspace_id, h.hour)
     )
-    return int(result.rowcount)
+    deleted = [(row.workspace_id, row.hour) for row in result]
+    rollups.wrote_hours(conn, deleted)
+    return len(deleted)
 
 
 def _ended_before(table: sa.FromClause, cutoff: datetime) -> sa.ColumnElement[bool]:

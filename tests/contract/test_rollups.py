@@ -317,3 +317,131 @@ def test_the_rollup_days_are_utc() -> None:
     }
     (summed,) = cost_sums([row, row])
     assert summed["day"].isoformat() == "2026-01-01" and summed["calls"] == 2
+
+
+async def test_days_read_before_answer_every_later_write_of_them(store: Store) -> None:
+    """Whole days read once (on SQLite then kept in the rollups' memo) answer what every
+    later write did to them: a ledger row in a past day, retention, an agent's delete, and a
+    rebuild after a change behind the store's back."""
+    ledger = Ledger(store, random.Random(3))
+    await ledger.setup()
+    await ledger.write(200)
+    whole: dict[str, Any] = {
+        "since": NOW,
+        "until": NOW + timedelta(days=DAYS),
+        "group_by": "agent",
+    }
+
+    async def answers_as_raw() -> None:
+        async with store.read() as conn:
+            for by_day in (False, True):
+                want = await _raw_totals(conn, ledger.ws, by_day=by_day, **whole)
+                got = await costs.totals(conn, ledger.ws, by_day=by_day, **whole)
+                assert got == want, by_day
+            top = [row["key"] for row in want[:2]]
+            want = await _raw_totals(conn, ledger.ws, by_day=True, only=top, **whole)
+            assert await costs.totals(conn, ledger.ws, by_day=True, only=top, **whole) == want
+
+    await answers_as_raw()
+    row = ledger.row() | {"created_at": NOW + timedelta(days=2, hours=1), "cost_usd": 0.5}
+    async with store.write() as conn:
+        await gateway.record_costs(conn, [row])
+    await answers_as_raw()
+    async with store.write() as conn:
+        await retention.delete_old_usage(conn, NOW + timedelta(days=1, hours=3), 1_000)
+    await answers_as_raw()
+    async with store.write() as conn:
+        assert await agent_store.delete_agent(conn, ledger.ws, ledger.agents[2])
+    await answers_as_raw()
+    async with store.write() as conn:  # behind the store's back: no rollup write of it
+        await conn.execute(cost_days.update().values(calls=cost_days.c.calls + 1))
+        await rollups.rebuild(conn, ledger.ws)
+    await answers_as_raw()
+
+
+async def test_hours_read_before_answer_the_runs_that_end_in_them(store: Store) -> None:
+    ws, agent = await workspace_with_agent(store)
+    span = {"since": NOW, "until": NOW + timedelta(hours=3)}
+
+    async def counted() -> list[tuple[str, int]]:
+        async with store.read() as conn:
+            rows = await latency.ttft_per_hour(conn, ws, **span)
+        return [(row["hour"], row["runs"]) for row in rows]
+
+    await finished_run(store, ws, agent, NOW + timedelta(minutes=10), 100.0)
+    assert await counted() == [("2026-01-01T00:00", 1)]
+    await finished_run(store, ws, agent, NOW + timedelta(minutes=20), 300.0)
+    await finished_run(store, ws, agent, NOW + timedelta(hours=2, minutes=5), 50.0)
+    assert await counted() == [("2026-01-01T00:00", 2), ("2026-01-01T02:00", 1)]
+    async with store.write() as conn:
+        assert await retention.delete_old_ttft(conn, NOW + timedelta(hours=2), 100) == 2
+    assert await counted() == [("2026-01-01T02:00", 1)]
+
+
+async def test_sqlite_reads_a_month_again_only_where_it_was_written(store: Store) -> None:
+    """The memo's point: a page read again reads the rollups only for what changed."""
+    if not store.is_sqlite:
+        pytest.skip("PostgreSQL reads the rollups each time (other processes write them)")
+    ledger = Ledger(store, random.Random(4))
+    await ledger.setup()
+    await ledger.write(100)
+    await finished_run(store, ws := ledger.ws, ledger.agents[0], NOW, 10.0)
+    days = {"since": NOW, "until": NOW + timedelta(days=DAYS), "group_by": "model"}
+    hours = {"since": NOW, "until": NOW + timedelta(days=DAYS)}
+    read: list[str] = []  # the parameters of each read of a rollup
+
+    def seen(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if "FROM cost_days" in statement or "FROM ttft_hours" in statement:
+            read.append(str(parameters))
+
+    assert isinstance(store.engine, sa.Engine)
+    sa.event.listen(store.engine, "before_cursor_execute", seen)
+    try:
+        async with store.read() as conn:
+            first = await costs.totals(conn, ws, by_day=False, **days)
+            first_hours = await latency.ttft_per_hour(conn, ws, **hours)
+        assert len(read) == 2
+        async with store.read() as conn:
+            assert await costs.totals(conn, ws, by_day=False, **days) == first
+            assert await latency.ttft_per_hour(conn, ws, **hours) == first_hours
+        assert len(read) == 2  # nothing was read again
+        row = ledger.row() | {"created_at": NOW + timedelta(days=3, hours=1), "model": "m-new"}
+        async with store.write() as conn:
+            await gateway.record_costs(conn, [row])
+        async with store.read() as conn:
+            again = await costs.totals(conn, ws, by_day=False, **days)
+        assert len(read) == 3 and "m-new" in {r["key"] for r in again}
+        assert read[-1].count("2026-01-04") == 2, read[-1]  # from that day to that day
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", seen)
+
+
+def test_a_value_read_before_a_write_commits_is_not_used_after_it() -> None:
+    memo = rollups.Memo()
+    ws = uuid.uuid4()
+    before = memo.stamp()  # a read begins
+    memo.wrote(ws, ["d"])  # a write of its period commits meanwhile
+    memo.put("k", ws, "d", before, "old")
+    assert memo.get("k", ws, "d") is rollups.MISSING
+    memo.put("k", ws, "d", memo.stamp(), "new")
+    assert memo.get("k", ws, "d") == "new"
+    memo.wrote(ws, ["e"])  # another period
+    assert memo.get("k", ws, "d") == "new"
+    memo.put("span", ws, ("d", "e"), memo.stamp(), 7)
+    assert memo.get("span", ws, ("d", "e"), covering=["d", "e"]) == 7
+    memo.wrote(ws, ["e"])
+    assert memo.get("span", ws, ("d", "e"), covering=["d", "e"]) is rollups.MISSING
+    memo.wrote_all(ws)
+    assert memo.get("k", ws, "d") is rollups.MISSING
+    assert memo.get("k", uuid.uuid4(), "d") is rollups.MISSING
+
+
+def test_a_memo_past_its_bound_starts_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rollups, "MEMO_ITEMS", 10)
+    memo = rollups.Memo()
+    ws = uuid.uuid4()
+    memo.put("k", ws, "a", memo.stamp(), {n: n for n in range(5)})  # 6 items
+    memo.put("k", ws, "b", memo.stamp(), {n: n for n in range(3)})  # 10
+    assert memo.get("k", ws, "a") is not rollups.MISSING
+    memo.put("k", ws, "c", memo.stamp(), 1)  # 11: over, so only this one is kept
+    assert memo.get("k", ws, "a") is rollups.MISSING and memo.get("k", ws, "c") == 1
