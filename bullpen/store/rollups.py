@@ -28,7 +28,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from bullpen.store.base import Connection, InlineConnection, after_commit
+from bullpen.store.base import WRITE_OPTION, Connection, InlineConnection, after_commit
 from bullpen.store.tables import api_keys, cost_days, cost_events, runs, ttft_hours
 
 NO_ID = UUID(int=0)  # the agent or API key of a call without one
@@ -139,9 +139,17 @@ _MEMOS: weakref.WeakKeyDictionary[sa.Engine, Memo] = weakref.WeakKeyDictionary()
 
 
 def memo_of(conn: Connection) -> Memo | None:
-    """The memo of the SQLite database `conn` reads, or None (PostgreSQL)."""
+    """The memo a read through `conn` may use: None on PostgreSQL, and inside a write
+    transaction (which may read rows of its own that it then rolls back)."""
     if not isinstance(conn, InlineConnection):
         return None
+    if conn.sync_connection.get_execution_options().get(WRITE_OPTION):
+        return None
+    return _memo(conn)
+
+
+def _memo(conn: InlineConnection) -> Memo:
+    """The memo of the SQLite database of `conn`."""
     engine = conn.sync_connection.engine
     memo = _MEMOS.get(engine)
     if memo is None:
@@ -151,9 +159,9 @@ def memo_of(conn: Connection) -> Memo | None:
 
 def _wrote(conn: Connection, periods: Iterable[tuple[UUID, Any]]) -> None:
     """Mark (workspace, period) pairs written once the open transaction commits."""
-    memo = memo_of(conn)
-    if memo is None:
+    if not isinstance(conn, InlineConnection):
         return
+    memo = _memo(conn)
     by_workspace: dict[UUID, set[Any]] = {}
     for workspace_id, period in periods:
         by_workspace.setdefault(workspace_id, set()).add(period)
@@ -166,8 +174,8 @@ def _wrote(conn: Connection, periods: Iterable[tuple[UUID, Any]]) -> None:
 
 
 def _wrote_all(conn: Connection, workspace_id: UUID) -> None:
-    memo = memo_of(conn)
-    if memo is not None:
+    if isinstance(conn, InlineConnection):
+        memo = _memo(conn)
         after_commit(lambda: memo.wrote_all(workspace_id))
 
 

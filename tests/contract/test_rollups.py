@@ -445,3 +445,32 @@ def test_a_memo_past_its_bound_starts_over(monkeypatch: pytest.MonkeyPatch) -> N
     assert memo.get("k", ws, "a") is not rollups.MISSING
     memo.put("k", ws, "c", memo.stamp(), 1)  # 11: over, so only this one is kept
     assert memo.get("k", ws, "a") is rollups.MISSING and memo.get("k", ws, "c") == 1
+
+
+class _Undone(Exception):
+    pass
+
+
+async def test_a_read_inside_a_write_sees_its_rows_and_nothing_of_them_stays(
+    store: Store,
+) -> None:
+    ledger = Ledger(store, random.Random(5))
+    await ledger.setup()
+    await ledger.write(80)
+    whole: dict[str, Any] = {
+        "since": NOW,
+        "until": NOW + timedelta(days=DAYS),
+        "group_by": "model",
+        "by_day": False,
+    }
+    async with store.read() as conn:
+        before = await costs.totals(conn, ledger.ws, **whole)
+    row = ledger.row() | {"created_at": NOW + timedelta(days=2, hours=1), "model": "m-new"}
+    with pytest.raises(_Undone):
+        async with store.write() as conn:
+            await gateway.record_costs(conn, [row])
+            inside = await costs.totals(conn, ledger.ws, **whole)
+            assert "m-new" in {r["key"] for r in inside}
+            raise _Undone  # rolled back
+    async with store.read() as conn:
+        assert await costs.totals(conn, ledger.ws, **whole) == before
