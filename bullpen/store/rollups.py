@@ -152,8 +152,8 @@ def _memo(conn: InlineConnection) -> Memo:
     """The memo of the SQLite database of `conn`."""
     engine = conn.sync_connection.engine
     memo = _MEMOS.get(engine)
-    if memo is None:
-        memo = _MEMOS[engine] = Memo()
+    if memo is None:  # first use, maybe on two threads at once: one memo wins for both
+        memo = _MEMOS.setdefault(engine, Memo())
     return memo
 
 
