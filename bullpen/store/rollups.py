@@ -13,6 +13,9 @@ instead of every ledger row and run of a month (migration 0021).
   [GROWTH^(i-1), GROWTH^i) ms. A percentile read from it is within the bucket of the exact
   one (see `bullpen/store/latency.py`): off by less than GROWTH - 1 (5 %) of it, or 1 ms
   below 1 ms. Written where a run's end records its `ttft_ms` (`runs.finish`; a run ends once).
+
+On SQLite the writers also mark the days and hours they wrote, after their commit, in the
+database's `Memo` of what the dashboard read of them (see `Memo`).
 """
 
 from __future__ import annotations

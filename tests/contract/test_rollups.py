@@ -5,7 +5,8 @@ ledger (the parts of a day a range cuts) equal the old aggregation of every ledg
 random rows written as the ledger writes them, for random ranges, groupings and `only` sets;
 and still after retention deleted the oldest rows and an agent with calls was deleted.
 `ttft_hours`: runs ended through the queue's own end give percentiles within the histogram's
-documented error of the exact ones.
+documented error of the exact ones. Days and hours read before (on SQLite kept in the rollups'
+memo) answer every later write of them, and a write that rolls back leaves nothing there.
 """
 
 from __future__ import annotations
