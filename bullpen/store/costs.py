@@ -175,26 +175,23 @@ async def _whole_days(
     """`totals` of the whole days in [first, last) from each day's sums per group, kept in
     the memo until the day is written; the days it lacks are read in one statement (from the
     first to the last of them), in the same order and with the same keys as the SQL path."""
-    stamp = memo.stamp()  # before the read begins
-    kind = ("cost", group_by)
     days = [first.date() + timedelta(days=n) for n in range((last - first).days)]
-    found: dict[date, Any] = {day: memo.get(kind, workspace_id, day) for day in days}
-    lacking = [day for day, value in found.items() if value is rollups.MISSING]
-    if lacking:
-        column = _D[GROUPS[group_by].name]
+    column = _D[GROUPS[group_by].name]
+
+    async def read(start: date, end: date) -> dict[date, dict[Any, tuple[Any, ...]]]:
         query = (
             sa.select(_D.day, column.label("key"), *(sa.func.sum(_D[name]) for name in _SUMS))
-            .where(_D.workspace_id == workspace_id, _D.day >= lacking[0], _D.day <= lacking[-1])
+            .where(_D.workspace_id == workspace_id, _D.day >= start, _D.day <= end)
             .group_by(_D.day, column)
         )
-        read: dict[date, dict[Any, tuple[Any, ...]]] = {}
+        by_day: dict[date, dict[Any, tuple[Any, ...]]] = {}
         got: Any
         for got in await conn.execute(query):
             day, key, *day_sums = got
-            read.setdefault(day, {})[key] = tuple(day_sums)
-        for day in days[days.index(lacking[0]) : days.index(lacking[-1]) + 1]:
-            found[day] = read.get(day, {})
-            memo.put(kind, workspace_id, day, stamp, found[day])
+            by_day.setdefault(day, {})[key] = tuple(day_sums)
+        return by_day
+
+    stamp, found = await memo.recall(("cost", group_by), workspace_id, days, read, {})
     wanted = None if only is None else _raw_keys(group_by, only)
     sums: dict[tuple[Any, ...], list[Any]] = {}
     adding = days

@@ -98,19 +98,16 @@ async def _from_histogram(
     memo = rollups.memo_of(conn)
     if memo is None:
         return await _histogram(conn, workspace_id, since, until)
-    stamp = memo.stamp()  # before the read begins
     hours = [since + timedelta(hours=n) for n in range(int((until - since) / _HOUR))]
-    found = {hour: memo.get(_KIND, workspace_id, hour) for hour in hours}
-    lacking = [hour for hour, value in found.items() if value is rollups.MISSING]
-    if lacking:
-        start, end = lacking[0], lacking[-1] + _HOUR
-        read = {
+
+    async def read(start: datetime, end: datetime) -> dict[datetime, dict[str, Any]]:
+        return {
             datetime.fromisoformat(row["hour"]).replace(tzinfo=UTC): row
-            for row in await _histogram(conn, workspace_id, start, end)
+            for row in await _histogram(conn, workspace_id, start, end + _HOUR)
         }
-        for hour in hours[hours.index(start) : hours.index(lacking[-1]) + 1]:
-            found[hour] = read.get(hour)  # None: no run started in that hour
-            memo.put(_KIND, workspace_id, hour, stamp, found[hour])
+
+    # None: no run started in that hour
+    _stamp, found = await memo.recall(_KIND, workspace_id, hours, read, None)
     return [dict(row) for row in found.values() if row is not None]
 
 

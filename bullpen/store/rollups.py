@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from typing import Any
 from uuid import UUID
@@ -123,6 +123,29 @@ class Memo:
             self._values.clear()
             self._items = 0
         self._values[(kind, workspace_id, period)] = (stamp, value)
+
+    async def recall(
+        self,
+        kind: Any,
+        workspace_id: UUID,
+        periods: Sequence[Any],
+        read: Callable[[Any, Any], Awaitable[Mapping[Any, Any]]],
+        absent: Any,
+    ) -> tuple[int, dict[Any, Any]]:
+        """Each period's value of `kind`, and the stamp they were read under: the current
+        ones kept here, the others read at once by `read(first, last)` (the span from the
+        first period lacking to the last, both included) and filed. A period `read` gives
+        nothing for is `absent`."""
+        stamp = self.stamp()  # before the read begins
+        found = {period: self.get(kind, workspace_id, period) for period in periods}
+        lacking = [period for period, value in found.items() if value is MISSING]
+        if lacking:
+            got = await read(lacking[0], lacking[-1])
+            span = periods[periods.index(lacking[0]) : periods.index(lacking[-1]) + 1]
+            for period in span:
+                found[period] = got.get(period, absent)
+                self.put(kind, workspace_id, period, stamp, found[period])
+        return stamp, found
 
     def wrote(self, workspace_id: UUID, periods: Iterable[Any]) -> None:
         """These periods of the workspace changed (called after the commit)."""

@@ -320,18 +320,25 @@ def test_the_rollup_days_are_utc() -> None:
     assert summed["day"].isoformat() == "2026-01-01" and summed["calls"] == 2
 
 
+async def _ledger_of(store: Store, seed: int, rows: int) -> Ledger:
+    """A workspace with `rows` random ledger rows over the ledger's days."""
+    ledger = Ledger(store, random.Random(seed))
+    await ledger.setup()
+    await ledger.write(rows)
+    return ledger
+
+
+def _every_day(**question: Any) -> dict[str, Any]:
+    """A question about the whole days of the ledger's range."""
+    return {"since": NOW, "until": NOW + timedelta(days=DAYS), **question}
+
+
 async def test_days_read_before_answer_every_later_write_of_them(store: Store) -> None:
     """Whole days read once (on SQLite then kept in the rollups' memo) answer what every
     later write did to them: a ledger row in a past day, retention, an agent's delete, and a
     rebuild after a change behind the store's back."""
-    ledger = Ledger(store, random.Random(3))
-    await ledger.setup()
-    await ledger.write(200)
-    whole: dict[str, Any] = {
-        "since": NOW,
-        "until": NOW + timedelta(days=DAYS),
-        "group_by": "agent",
-    }
+    ledger = await _ledger_of(store, 3, 200)
+    whole = _every_day(group_by="agent")
 
     async def answers_as_raw() -> None:
         async with store.read() as conn:
@@ -383,12 +390,9 @@ async def test_sqlite_reads_a_month_again_only_where_it_was_written(store: Store
     """The memo's point: a page read again reads the rollups only for what changed."""
     if not store.is_sqlite:
         pytest.skip("PostgreSQL reads the rollups each time (other processes write them)")
-    ledger = Ledger(store, random.Random(4))
-    await ledger.setup()
-    await ledger.write(100)
+    ledger = await _ledger_of(store, 4, 100)
     await finished_run(store, ws := ledger.ws, ledger.agents[0], NOW, 10.0)
-    days = {"since": NOW, "until": NOW + timedelta(days=DAYS), "group_by": "model"}
-    hours = {"since": NOW, "until": NOW + timedelta(days=DAYS)}
+    days, hours = _every_day(group_by="model"), _every_day()
     read: list[str] = []  # the parameters of each read of a rollup
 
     def seen(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
@@ -455,15 +459,8 @@ class _Undone(Exception):
 async def test_a_read_inside_a_write_sees_its_rows_and_nothing_of_them_stays(
     store: Store,
 ) -> None:
-    ledger = Ledger(store, random.Random(5))
-    await ledger.setup()
-    await ledger.write(80)
-    whole: dict[str, Any] = {
-        "since": NOW,
-        "until": NOW + timedelta(days=DAYS),
-        "group_by": "model",
-        "by_day": False,
-    }
+    ledger = await _ledger_of(store, 5, 80)
+    whole = _every_day(group_by="model", by_day=False)
     async with store.read() as conn:
         before = await costs.totals(conn, ledger.ws, **whole)
     row = ledger.row() | {"created_at": NOW + timedelta(days=2, hours=1), "model": "m-new"}
