@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -76,10 +76,13 @@ class IdempotentWrite:
         self.replayed: Response | None = None
 
     @asynccontextmanager
-    async def begin(self, principal: Principal) -> AsyncIterator[IdempotentWrite]:
-        """Open the write transaction; `replayed` is set when a stored outcome answers."""
+    async def begin(
+        self, principal: Principal, *, turn: Hashable | None = None
+    ) -> AsyncIterator[IdempotentWrite]:
+        """Open the write transaction; `replayed` is set when a stored outcome answers.
+        `turn` is the transaction's `Store.write` key."""
         if self._key is None:
-            async with self._svc.store.write():
+            async with self._svc.store.write(turn=turn):
                 yield self
             return
         if principal.workspace_id == NO_WORKSPACE:
@@ -96,7 +99,7 @@ class IdempotentWrite:
         )
         fingerprint = hashlib.sha256(_canonical(await self._body())).digest()
         try:
-            async with self._svc.store.write() as conn:
+            async with self._svc.store.write(turn=turn) as conn:
                 locked, row = await keys.claim(conn, scope, self._svc.store.dialect)
                 if not locked:
                     raise IdempotencyKeyInUse(

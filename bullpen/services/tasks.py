@@ -86,7 +86,7 @@ class TaskService:
         """
         need(principal, Permission.TASKS_WRITE)
         now = self._clock()
-        async with self._store.write() as conn:
+        async with self._store.write(turn=task_store.numbering(principal.workspace_id)) as conn:
             if blocked_by:  # (a task with a run: its insert checks the agent)
                 await self._admission.agent(conn, principal.workspace_id, agent_id)
             if parent_id is not None:

@@ -16,7 +16,7 @@ import fcntl
 import logging
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Hashable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol, TypeVar
 
@@ -154,6 +154,38 @@ def after_commit(callback: Callable[[], None]) -> None:
         ambient.after_commit.append(callback)
 
 
+# How many transactions of one `write(turn=...)` key a process runs at once: while one commits,
+# the next runs its first statements; a third would only wait in the database (issue 21).
+TURN_WIDTH = 2
+
+
+class _Turns:
+    """At most TURN_WIDTH holders at a time per key, the rest waiting in arrival order; a key's
+    semaphore lives while it is held or awaited, so keys that come and go (workspaces) leave
+    nothing behind."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self) -> None:
+        self._keys: dict[Hashable, tuple[asyncio.Semaphore, list[int]]] = {}
+
+    @asynccontextmanager
+    async def turn(self, key: Hashable) -> AsyncIterator[None]:
+        """Hold one of `key`'s places until the block ends."""
+        places, users = self._keys.setdefault(key, (asyncio.Semaphore(TURN_WIDTH), [0]))
+        users[0] += 1
+        try:
+            async with places:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._keys[key]
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
 class Store:
     """Access to the database for every aggregate module; the only holder of the engine.
 
@@ -186,6 +218,7 @@ class Store:
         )
         self._checkpointer: asyncio.Task[None] | None = None
         self._lock_fd: int | None = None
+        self._turns = _Turns()
 
     def watch(self, tables: frozenset[str], changed: Callable[[], None]) -> None:
         """Call `changed` whenever this process writes one of `tables` (insert, update or
@@ -271,11 +304,25 @@ class Store:
             yield conn
 
     @asynccontextmanager
-    async def write(self) -> AsyncIterator[Connection]:
-        """A read-write transaction (SQLite: BEGIN IMMEDIATE, one writer at a time)."""
+    async def write(self, *, turn: Hashable | None = None) -> AsyncIterator[Connection]:
+        """A read-write transaction (SQLite: BEGIN IMMEDIATE, one writer at a time).
+
+        `turn`: on PostgreSQL this process runs at most TURN_WIDTH transactions with the same
+        key at once; the others wait in arrival order before they take a connection. For
+        transactions that all lock one hot row (a workspace's task counter): in the database
+        each waiter would hold a pooled connection and an open transaction while the row's
+        holder waits for the API's COMMIT, and under bursts the queue and the pool fill up
+        (issue 21). Correctness never depends on it: the row lock still orders them, and
+        other processes' too. SQLite runs every write one at a time already. Inside an open
+        write transaction it joins that one: the key is its opener's to give.
+        """
         ambient = _ambient()
         if ambient is not None:
             yield ambient.conn
+            return
+        if turn is not None and self._write_lock is None:
+            async with self._turns.turn(turn), self.write() as conn:
+                yield conn
             return
         callbacks: list[Callable[[], None]] = []
         try:

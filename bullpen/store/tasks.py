@@ -106,6 +106,12 @@ _TASK_AND_RUN = _task_and_run_at_once(audited=False)
 _TASK_AND_RUN_AUDITED = _task_and_run_at_once(audited=True)
 
 
+def numbering(workspace_id: UUID) -> tuple[str, UUID]:
+    """The `Store.write(turn=...)` key of the transactions that take a number from the
+    workspace's counter (issue 21)."""
+    return ("task numbers", workspace_id)
+
+
 async def next_task_number(conn: Connection, workspace_id: UUID) -> tuple[int, str]:
     """Take the workspace's next task number and return it with the workspace's task key."""
     row = (await conn.execute(_NEXT_NUMBER, {"workspace_id": workspace_id})).one()

@@ -25,7 +25,7 @@ from bullpen.store import events as event_store
 from bullpen.store import identity
 from bullpen.store import runs as run_store
 from bullpen.store import tasks as task_store
-from bullpen.store.base import Store
+from bullpen.store.base import TURN_WIDTH, Store
 from bullpen.store.tables import agents, audit_events, metadata, runs, tasks, workspaces
 from tests.support.seed import NOW, insert_task, member_with_key, new_task, workspace_with_agent
 
@@ -92,6 +92,46 @@ async def test_concurrent_task_creation_gets_distinct_numbers(store: Store) -> N
     async with store.read() as conn:
         numbers = sorted((await conn.execute(sa.select(tasks.c.number))).scalars())
     assert numbers == list(range(1, 21))
+
+
+async def test_writes_with_one_turn_key_take_their_turns_in_arrival_order(store: Store) -> None:
+    """`write(turn=k)` runs at most TURN_WIDTH of this process's transactions of one key at
+    once, the rest waiting in arrival order; a nested one joins its opener's. On PostgreSQL a
+    write of another key, or of none, does not wait for them (SQLite runs every write one at a
+    time anyway). Keys leave nothing behind once nobody holds or awaits them."""
+    began: list[str] = []
+    release = asyncio.Event()
+
+    async def hold(name: str) -> None:
+        async with store.write(turn="k") as conn:
+            began.append(name)
+            async with store.write(turn="k") as inner:  # joins: no second turn to wait for
+                assert inner is conn
+            await release.wait()
+
+    async def write(name: str, turn: str | None) -> None:
+        async with store.write(turn=turn) as conn:
+            began.append(name)
+            await conn.execute(sa.select(1))
+
+    holders = [asyncio.create_task(hold(f"holder {i}")) for i in range(TURN_WIDTH)]
+    await asyncio.sleep(0.05)
+    waiting = [asyncio.create_task(write(f"k{i}", "k")) for i in range(3)]
+    others = [
+        asyncio.create_task(write("other key", "j")),
+        asyncio.create_task(write("none", None)),
+    ]
+    await asyncio.sleep(0.3)
+    holding = [f"holder {i}" for i in range(TURN_WIDTH)]
+    if store.is_sqlite:
+        assert began == holding[:1]
+    else:
+        assert sorted(began) == [*holding, "none", "other key"]
+        await asyncio.wait_for(asyncio.gather(*others), 5)
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*holders, *waiting, *others), 5)
+    assert [name for name in began if name.startswith("k")] == ["k0", "k1", "k2"]
+    assert not store._turns  # no semaphore per key outlives its users
 
 
 async def test_a_task_for_an_agent_not_active_here_inserts_nothing_and_takes_no_number(

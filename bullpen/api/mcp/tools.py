@@ -26,6 +26,7 @@ from bullpen.domain.principal import Principal
 from bullpen.domain.records import AgentRecord, RunRecord, TaskRecord
 from bullpen.domain.status import TERMINAL_TASK, TaskStatus
 from bullpen.errors import NotFound
+from bullpen.store import tasks as task_store
 from bullpen.streams.bus.memory import Subscriber
 
 # How long one `wait_for_task` call may hold its request: long enough to save a client most of
@@ -188,7 +189,7 @@ async def create_task(call: Caller, args: CreateTaskArgs) -> dict[str, Any]:
         body=_body_of(fields),
         instance="/mcp#create_task",
     )
-    async with tx_of.begin(principal) as tx:
+    async with tx_of.begin(principal, turn=task_store.numbering(principal.workspace_id)) as tx:
         if tx.replayed is not None:
             return _replayed(tx.replayed)
         task, run = await svc.tasks.create(

@@ -29,6 +29,7 @@ from bullpen.api.schemas.tasks import (
 from bullpen.domain.access import Permission
 from bullpen.domain.principal import Principal
 from bullpen.domain.status import TaskStatus
+from bullpen.store import tasks as task_store
 from bullpen.streams.sse import TaskCursor, task_stream
 from bullpen.streams.tree import split_cursor, tree_stream
 
@@ -72,7 +73,7 @@ async def create_task(
     body: TaskCreate, principal: Writer, svc: ServicesDep, idem: Idempotent
 ) -> Response:
     """Create a task for an agent of the caller's workspace; its run is queued atomically."""
-    async with idem.begin(principal) as tx:
+    async with idem.begin(principal, turn=task_store.numbering(principal.workspace_id)) as tx:
         if tx.replayed is not None:
             return tx.replayed
         task, run = await svc.tasks.create(

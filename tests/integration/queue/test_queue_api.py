@@ -13,6 +13,8 @@ import pytest
 import sqlalchemy as sa
 
 from bullpen.app import build
+from bullpen.store import tasks as task_store
+from bullpen.store.base import TURN_WIDTH
 from bullpen.store.tables import agents, runs, tasks
 from tests.support.db import count
 from tests.support.http import call, problem
@@ -45,6 +47,52 @@ async def test_concurrent_creates_together_never_pass_the_backlog_bound(
     )
     assert sorted(reply.status for reply in replies) == [201] * 3 + [429] * 17
     assert await count(server, tasks) == 3 and await count(server, runs) == 3
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+@pytest.mark.parametrize("keyed", [False, True], ids=["no key", "Idempotency-Key"])
+@pytest.mark.with_settings(worker_enabled=False)
+async def test_a_workspaces_creates_wait_their_turn_in_the_api_not_in_the_database(
+    server: RunningServer, http: aiohttp.ClientSession, keyed: bool
+) -> None:
+    """Every create takes a number from its workspace's counter row: the API process runs at
+    most TURN_WIDTH of a workspace's creates at once (issue 21), so while those turns are held
+    a create waits, before it opens a transaction; another workspace's turns do not hold it."""
+    store = server.services.store
+    release = asyncio.Event()
+
+    async def hold_turns(workspace_id: uuid.UUID) -> list[asyncio.Task[None]]:
+        held = [asyncio.Event() for _ in range(TURN_WIDTH)]
+
+        async def hold(ready: asyncio.Event) -> None:
+            async with store.write(turn=task_store.numbering(workspace_id)):
+                ready.set()
+                await release.wait()
+
+        holders = [asyncio.create_task(hold(ready)) for ready in held]
+        await asyncio.wait_for(asyncio.gather(*(ready.wait() for ready in held)), 5)
+        return holders
+
+    async def create() -> int:
+        headers = {**server.auth, "Idempotency-Key": str(uuid.uuid4())} if keyed else None
+        body = {"prompt": "wait for the turn", "agent_id": str(server.boot.agent_id)}
+        return (await call(http, server, "POST", "/api/v1/tasks", headers, body)).status
+
+    holders = await hold_turns(uuid.uuid4())  # another workspace's
+    assert await asyncio.wait_for(create(), 5) == 201
+    release.set()
+    await asyncio.gather(*holders)
+
+    release.clear()
+    holders = await hold_turns(server.boot.workspace_id)
+    waiting = asyncio.create_task(create())
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    assert await count(server, tasks) == 1
+    release.set()
+    await asyncio.gather(*holders)
+    assert await asyncio.wait_for(waiting, 5) == 201
+    assert await count(server, tasks) == 2
 
 
 # The provider is a closed port: every call fails to connect, a transient failure.
