@@ -104,11 +104,22 @@ class Directory:
             return found[1]
         pending = self._loading.get(workspace_id)
         if pending is not None:
-            return await asyncio.shield(pending)
+            try:
+                return await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if not pending.cancelled() or (current is not None and current.cancelling()):
+                    raise  # this caller was cancelled
+            # The loader was cancelled (its run stopped, its client went away), not this
+            # caller: its CancelledError would end this run or request as if it had been.
+            return await self.catalog(workspace_id)
         future: asyncio.Future[Catalog] = asyncio.get_running_loop().create_future()
         self._loading[workspace_id] = future
         try:
             catalog = await self._load(workspace_id)
+        except asyncio.CancelledError:
+            future.cancel()  # the waiters load it again themselves
+            raise
         except BaseException as err:
             future.set_exception(err)
             future.exception()  # retrieved: waiters re-raise it themselves

@@ -406,3 +406,29 @@ async def test_model_names_are_checked_first_and_the_model_header_stays_safe(
         await asyncio.sleep(0.02)
     ledger = await rows(server, sa.select(cost_events))
     assert [(r.provider, r.model) for r in ledger] == [("open", WIDE)] * 2
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+@pytest.mark.with_settings(worker_enabled=False)
+async def test_a_catalog_load_cancelled_with_its_caller_still_serves_the_others(
+    server: RunningServer,
+) -> None:
+    """Callers share one load of a workspace's catalog. When the one loading it is cancelled
+    (its run stopped, its client gone), the others load it again: they are not ended as if
+    they had been cancelled too."""
+    directory = server.services.directory
+    workspace_id = server.boot.workspace_id
+    directory.invalidate(workspace_id)
+    async with server.services.store.engine.begin() as conn:  # type: ignore[union-attr]
+        # The load's read of the providers waits behind this lock until the block ends.
+        await conn.execute(sa.text("LOCK TABLE providers IN ACCESS EXCLUSIVE MODE"))
+        loader = asyncio.create_task(directory.catalog(workspace_id))
+        await asyncio.sleep(0.2)
+        waiter = asyncio.create_task(directory.catalog(workspace_id))
+        await asyncio.sleep(0.1)
+        loader.cancel()
+        await asyncio.sleep(0.1)
+        assert not waiter.done()
+    catalog = await asyncio.wait_for(waiter, 5)
+    assert "simulated" in catalog.providers
+    assert loader.cancelled()
