@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import sqlalchemy as sa
 
 from bullpen.domain.status import RunStatus, TaskStatus
 from bullpen.store import tasks as task_store
@@ -87,6 +88,24 @@ async def until_all_ended(server: RunningServer) -> tuple[int, int]:
         await asyncio.sleep(0.1)
 
 
+async def left_open(server: RunningServer) -> list[dict[str, Any]]:
+    """The tasks that have not ended with their runs' states: what a failure shows."""
+    query = (
+        sa.select(
+            tasks.c.title,
+            tasks.c.status,
+            runs.c.status.label("run"),
+            runs.c.attempt,
+            runs.c.cancel_requested_at,
+            runs.c.started_at,
+        )
+        .select_from(tasks.outerjoin(runs, runs.c.task_id == tasks.c.id))
+        .where(tasks.c.status.in_(OPEN))
+    )
+    async with server.services.store.read() as conn:
+        return [dict(row._mapping) for row in await conn.execute(query)]
+
+
 async def cancel(http: aiohttp.ClientSession, server: RunningServer, task_id: uuid.UUID) -> Any:
     reply = await call(http, server, "POST", f"/api/v1/tasks/{task_id}/cancel")
     assert reply.status == 200, reply.text
@@ -100,7 +119,7 @@ async def test_cancelling_a_chain_of_a_thousand_cancels_every_level(
 ) -> None:
     made = await add_tree(server, chain(1000), queued_every=97)
     await cancel(http, server, made[0])
-    assert await until_all_ended(server) == (0, 0)
+    assert await until_all_ended(server) == (0, 0), await left_open(server)
     assert await count(server, tasks, tasks.c.status == "cancelled") == 1000
     # Each cancelled task is audited, the root by the request, the rest as part of it.
     assert await count(server, audit_events, audit_events.c.action == "task.cancel") == 1000
@@ -173,7 +192,7 @@ async def test_a_subtask_deeper_than_the_cap_is_refused(
     )
     assert sibling.status == 201, sibling.text
     await cancel(http, server, uuid.UUID(made[0]))
-    assert await until_all_ended(server) == (0, 0)
+    assert await until_all_ended(server) == (0, 0), await left_open(server)
 
 
 @pytest.mark.with_settings(task_max_depth=2, **HANGING)
