@@ -22,6 +22,7 @@ from bullpen.store.base import Store
 
 _KEY_CACHE_MAX = 10_000
 _TOUCH_EVERY = timedelta(seconds=60)  # last_used_at precision; keeps writes off the hot path
+_TOUCHED_MAX = 10_000  # keys remembered as touched by this process, at the most
 _LOGIN_NONCE_MAX = 128
 
 # The default cost (argon2id, OWASP's floor); a server hashes at its configured cost.
@@ -72,6 +73,10 @@ class AuthService:
         self._keys: dict[bytes, tuple[float, identity.KeyRecord]] = {}
         self._reading: dict[bytes, asyncio.Future[identity.KeyRecord | None]] = {}
         self._keys_generation = 0
+        # When this process wrote (or began to write) each key's `last_used_at`: a burst of
+        # requests on a key writes it once, not once per request in flight (each such write
+        # takes a connection and waits on the key's row for the others).
+        self._touched: dict[UUID, datetime] = {}
         if key_cache_s > 0:
             store.watch(identity.KEY_SOURCES, self._forget_keys)
 
@@ -93,9 +98,15 @@ class AuthService:
             or (record.expires_at is not None and record.expires_at <= now)
         ):
             raise Unauthenticated("invalid API key")
-        if record.last_used_at is None or now - record.last_used_at > _TOUCH_EVERY:
-            async with self._store.autocommit() as conn:
-                await identity.touch_api_key(conn, record.id, now)
+        if (
+            record.last_used_at is None or now - record.last_used_at > _TOUCH_EVERY
+        ) and self._touch_due(record.id, now):
+            try:
+                async with self._store.autocommit() as conn:
+                    await identity.touch_api_key(conn, record.id, now)
+            except BaseException:
+                self._touched.pop(record.id, None)  # the next request tries again
+                raise
         granted = (
             AGENT_PERMISSIONS if record.agent_id is not None else ROLE_PERMISSIONS[record.role]
         )
@@ -113,6 +124,18 @@ class AuthService:
             rpm_limit=record.rpm_limit,
             tpm_limit=record.tpm_limit,
         )
+
+    def _touch_due(self, key_id: UUID, now: datetime) -> bool:
+        """Whether this request writes the key's `last_used_at`: not when this process wrote
+        it, or began to, within `_TOUCH_EVERY`."""
+        last = self._touched.get(key_id)
+        if last is not None and now - last <= _TOUCH_EVERY:
+            return False
+        if len(self._touched) >= _TOUCHED_MAX:
+            recent = {k: t for k, t in self._touched.items() if now - t <= _TOUCH_EVERY}
+            self._touched = recent if len(recent) < _TOUCHED_MAX else {}
+        self._touched[key_id] = now
+        return True
 
     async def _key(self, digest: bytes) -> identity.KeyRecord | None:
         """The key's record: cached for `key_cache_s`, unknown keys never. Requests that miss

@@ -38,18 +38,25 @@ async def audits(server: RunningServer, action: str) -> list[Any]:
 
 
 @contextmanager
-def key_reads(server: RunningServer) -> Iterator[list[str]]:
-    """The statements reading `api_keys` that the server sends while inside."""
-    lookups: list[str] = []
+def statements_with(server: RunningServer, text: str) -> Iterator[list[str]]:
+    """The statements holding `text` that the server sends while inside."""
+    sent: list[str] = []
     engine = server.services.store.engine
     sync_engine = engine if isinstance(engine, sa.Engine) else engine.sync_engine
 
     def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if "FROM api_keys" in statement:
-            lookups.append(statement)
+        if text in statement:
+            sent.append(statement)
 
     sa.event.listen(sync_engine, "before_cursor_execute", seen)
     try:
-        yield lookups
+        yield sent
     finally:
         sa.event.remove(sync_engine, "before_cursor_execute", seen)
+
+
+@contextmanager
+def key_reads(server: RunningServer) -> Iterator[list[str]]:
+    """The statements reading `api_keys` that the server sends while inside."""
+    with statements_with(server, "FROM api_keys") as lookups:
+        yield lookups

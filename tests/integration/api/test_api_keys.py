@@ -17,7 +17,7 @@ from bullpen.domain.principal import Role
 from bullpen.store import agents as agent_store
 from bullpen.store import identity
 from bullpen.store.tables import agents, api_keys, audit_events, idempotency_keys, tasks
-from tests.support.db import count, key_reads, rows
+from tests.support.db import count, key_reads, rows, statements_with
 from tests.support.http import Reply, bearer, call, problem
 from tests.support.seed import new_member, other_workspace
 from tests.support.servers import RunningServer
@@ -344,6 +344,25 @@ async def test_requests_missing_the_key_cache_together_read_the_key_once(
         )
     assert [reply.status for reply in replies] == [200] * 20
     assert len(lookups) == 1, lookups
+
+
+@pytest.mark.with_settings(api_key_cache_s=30.0, worker_enabled=False)
+async def test_a_burst_of_requests_on_a_key_writes_its_last_use_once(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    """Every request in flight saw the key's `last_used_at` as due, so each wrote it, taking
+    a connection and waiting on the key's row for the others; now the first one writes it."""
+    async with server.services.store.write() as conn:
+        await conn.execute(api_keys.update().values(last_used_at=None))
+    with statements_with(server, "UPDATE api_keys SET last_used_at") as touches:
+        replies = await asyncio.gather(
+            *(call(http, server, "GET", "/api/v1/tasks", server.auth) for _ in range(20))
+        )
+        assert [reply.status for reply in replies] == [200] * 20
+        assert (await call(http, server, "GET", "/api/v1/tasks", server.auth)).status == 200
+    assert len(touches) == 1, touches
+    used = await rows(server, sa.select(api_keys.c.last_used_at))
+    assert sum(row.last_used_at is not None for row in used) == 1  # the key the burst used
 
 
 async def from_another_process(server: RunningServer, statement: Any) -> None:
