@@ -21,7 +21,7 @@ from bullpen.domain.status import RunStatus, TaskStatus
 from bullpen.store import tasks as task_store
 from bullpen.store import workflow
 from bullpen.store.tables import audit_events, runs, tasks
-from tests.support.db import count
+from tests.support.db import count, rows
 from tests.support.http import call, problem
 from tests.support.servers import RunningServer
 
@@ -102,8 +102,7 @@ async def left_open(server: RunningServer) -> list[dict[str, Any]]:
         .select_from(tasks.outerjoin(runs, runs.c.task_id == tasks.c.id))
         .where(tasks.c.status.in_(OPEN))
     )
-    async with server.services.store.read() as conn:
-        return [dict(row._mapping) for row in await conn.execute(query)]
+    return [dict(row._mapping) for row in await rows(server, query)]
 
 
 async def cancel(http: aiohttp.ClientSession, server: RunningServer, task_id: uuid.UUID) -> Any:
