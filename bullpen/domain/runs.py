@@ -38,6 +38,7 @@ class ClaimedRun:
     agent_breakers: dict[str, Any] | None = None  # the agent's breaker overrides
     breaker_since: datetime | None = None  # its breaker windows start no earlier
     trace_parent: str | None = None  # the W3C traceparent it was enqueued under (tracing on)
+    lost_leases: int = 0  # earlier deliveries that ended with their worker gone
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,14 @@ class RetryPolicy:
         """The wait before delivery `failures + 1`: base·2^(failures-1), capped, jittered ±50 %."""
         raw = min(self.max_s, self.base_s * 2 ** max(0, failures - 1))
         return timedelta(seconds=raw * (rng or random).uniform(0.5, 1.0))
+
+    @property
+    def quarantine_at(self) -> int:
+        """Lost leases from which a run is *quarantined*: a worker process holds at most one
+        such run at a time. Two (one when a second loss would already dead-letter it), so a
+        good run that was in flight with a poison run when it killed its worker twice never
+        shares a process with that poison run again, and keeps its last attempts."""
+        return max(1, min(2, self.max_attempts - 1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -219,12 +219,19 @@ class Worker:
                 now=now,
                 lease=self._tuning.lease,
                 room=self._room,
+                lost_below=self._lost_below(),
             )
             started = took.runs
             if started:  # runs beyond an agent's runs-per-hour go back, and it is paused
                 started = await breakers.check_starts(conn, started, self._tuning.breakers, now)
         self._held_back = took.held_back
         return started
+
+    def _lost_below(self) -> int | None:
+        """While this worker holds a quarantined run, it takes no other (see `claim`)."""
+        at = self._tuning.retry.quarantine_at
+        held = any(run.lost_leases >= at for run in self._claimed.values())
+        return at if held else None
 
     def _room(self, workspace_id: UUID) -> int:
         """How many more runs of this workspace this worker takes now."""
@@ -486,15 +493,28 @@ async def reap(
     # Their calls in flight never reported usage: charge what was reserved for them.
     await budget_store.charge_held(conn, [held.run_id for held in expired], now)
     return await _redeliver(
-        conn, expired, reason="its worker stopped renewing the lease", now=now, policy=policy
+        conn,
+        expired,
+        reason="its worker stopped renewing the lease",
+        now=now,
+        policy=policy,
+        lost=True,
     )
 
 
 async def _redeliver(
-    conn: Connection, held: list[Held], *, reason: str, now: datetime, policy: RetryPolicy
+    conn: Connection,
+    held: list[Held],
+    *,
+    reason: str,
+    now: datetime,
+    policy: RetryPolicy,
+    lost: bool = False,
 ) -> list[tuple[Redelivery, RunEvent | None]]:
     """Fail these deliveries; a run that ends here (dead-letter, cancel) gets its end event."""
-    failed = await run_store.fail_deliveries(conn, held, reason=reason, now=now, policy=policy)
+    failed = await run_store.fail_deliveries(
+        conn, held, reason=reason, now=now, policy=policy, lost=lost
+    )
     events = await append_ends(
         conn,
         [

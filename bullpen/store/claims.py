@@ -54,20 +54,25 @@ async def claim(
     now: datetime,
     lease: timedelta,
     room: Callable[[UUID], int] | None = None,
+    lost_below: int | None = None,
 ) -> Claim:
     """Take up to `limit` runs under a lease: fairly across workspaces, then by priority.
 
     Only runs that are due (`available_at`), of active agents below their
     `max_concurrent_runs`, are taken; with `room`, at most `room(workspace)` runs of each
-    workspace (the claimer keeps slots free for other workspaces). Each claim increments the
-    run's attempt: the fence every later write of this delivery is checked against.
+    workspace (the claimer keeps slots free for other workspaces); with `lost_below`, only
+    runs whose workers died under them fewer times than that (the claimer already holds a
+    quarantined run, see `RetryPolicy.quarantine_at`). Each claim increments the run's
+    attempt: the fence every later write of this delivery is checked against.
     """
     if limit < 1:
         return Claim([], held_back=False)
     postgres = conn.dialect.name == "postgresql"
     if postgres:
         await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_CLAIM_LOCK)))
-    held_back, chosen = await _fair_pick(conn, limit=limit, now=now, postgres=postgres, room=room)
+    held_back, chosen = await _fair_pick(
+        conn, limit=limit, now=now, postgres=postgres, room=room, lost_below=lost_below
+    )
     runs = await _take(conn, chosen, owner=owner, now=now, lease=lease, postgres=postgres)
     return Claim(runs, held_back=held_back)
 
@@ -122,6 +127,7 @@ async def _take(
             runs.c.agent_id,
             runs.c.attempt,
             runs.c.failures,
+            runs.c.lost_leases,
             runs.c.trace_parent,
             tasks.c.prompt,
             tasks.c.title,
@@ -160,6 +166,7 @@ async def _take(
             agent_id=row.agent_id,
             attempt=row.attempt,
             failures=row.failures,
+            lost_leases=row.lost_leases,
             prompt=row.prompt,
             agent_adapter=row.adapter,
             agent_config=dict(row.config),
@@ -190,6 +197,7 @@ async def _fair_pick(
     now: datetime,
     postgres: bool,
     room: Callable[[UUID], int] | None,
+    lost_below: int | None,
 ) -> tuple[bool, list[UUID]]:
     """Whether queued runs are held back (see `Claim`), and which queued runs to claim next,
     without reading more of the queue than it needs.
@@ -197,9 +205,11 @@ async def _fair_pick(
     Max-min fairness over execution slots: the next run goes to the workspace with the fewest
     runs in progress (counting those picked in this claim), its best run by priority and age.
     Runs of paused agents, of agents at their `max_concurrent_runs`, and retries still backing
-    off are skipped. A claim takes at most one *suspect* (a run whose earlier delivery failed):
+    off are skipped. A claim takes at most one *suspect* (a run whose worker died under it):
     runs that were in flight together when a poison run killed their worker are retried on
-    separate claims, so the poison does not take them down with it again and again. Each
+    separate claims, so the poison does not take them down with it again and again; and with
+    `lost_below`, none lost that often (a quarantined run: its claimer holds one already). A
+    delivery that failed on a live worker (a provider's 503) does not make a run a suspect. Each
     workspace's candidates come from an index range scan of at most `limit` rows, so a claim's
     cost grows with the number of workspaces waiting, not with the length of the queue.
     """
@@ -257,7 +267,7 @@ async def _fair_pick(
     heapq.heapify(heap)
     chosen: list[UUID] = []
     suspect_taken = False
-    skipped = False  # a candidate passed over for its agent's cap or the one-suspect rule
+    skipped = False  # a candidate passed over for its agent's cap, or as a suspect
     left = {ws: room(ws) for ws in queues} if room is not None else {}
     while heap and len(chosen) < limit:
         share, _, _, ws = heapq.heappop(heap)
@@ -265,9 +275,11 @@ async def _fair_pick(
             continue  # this claimer keeps its other slots for other workspaces
         rows = queues[ws]
         while rows and (
-            agent_free[rows[0].agent_id] <= 0 or (suspect_taken and rows[0].failures > 0)
+            agent_free[rows[0].agent_id] <= 0
+            or (suspect_taken and rows[0].lost_leases > 0)
+            or (lost_below is not None and rows[0].lost_leases >= lost_below)
         ):
-            rows.pop(0)  # its agent is at its cap, or this claim already took a suspect
+            rows.pop(0)  # its agent is at its cap, or this claimer holds a suspect like it
             skipped = True
         if not rows:
             continue
@@ -275,7 +287,7 @@ async def _fair_pick(
         if room is not None:
             left[ws] -= 1
         agent_free[row.agent_id] -= 1
-        suspect_taken = suspect_taken or row.failures > 0
+        suspect_taken = suspect_taken or row.lost_leases > 0
         chosen.append(row.id)
         if rows:
             heapq.heappush(heap, (share + 1, -rows[0].priority, rows[0].queued_at, ws))
@@ -304,7 +316,7 @@ async def _candidates(
                 runs.c.agent_id,
                 runs.c.priority,
                 runs.c.queued_at,
-                runs.c.failures,
+                runs.c.lost_leases,
                 agents.c.max_concurrent_runs,
             )
             .select_from(runs.join(agents, agents.c.id == runs.c.agent_id))

@@ -541,6 +541,7 @@ def _run(
         "priority": task["priority"],
         "available_at": None,
         "failures": 0,
+        "lost_leases": 0,
         "cancel_requested_at": None,
         "error_code": "provider_unavailable" if status == "failed" else None,
         "cost_usd": cost,

@@ -143,9 +143,11 @@ async def fail_deliveries(
     reason: str,
     now: datetime,
     policy: RetryPolicy | None = None,
+    lost: bool = False,
 ) -> list[Redelivery]:
     """End deliveries that failed transiently: queue each again after a backoff, or, at the
     policy's maximum of failed attempts, dead-letter it (`failed`, with the reason kept).
+    `lost`: their worker died holding them (a lease ran out), which claims keep apart.
 
     Fenced: a delivery whose attempt no longer holds the run is left alone.
     """
@@ -172,6 +174,7 @@ async def fail_deliveries(
         failures = int(row.failures) + 1
         values: dict[str, Any] = {
             "failures": failures,
+            "lost_leases": runs.c.lost_leases + int(lost),
             "lease_owner": None,
             "lease_expires_at": None,
         }

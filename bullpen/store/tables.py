@@ -295,6 +295,9 @@ runs = sa.Table(
     sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
     sa.Column("available_at", UTCDateTime),
     sa.Column("failures", sa.Integer, nullable=False, server_default="0"),
+    # Those of the failures whose worker died holding the run (migration 0022): claims keep
+    # such runs apart, so a poison run does not take the same good runs down again and again.
+    sa.Column("lost_leases", sa.Integer, nullable=False, server_default="0"),
     sa.Column("cancel_requested_at", UTCDateTime),
     # The gateway's record: a typed error, the cost, and every provider attempt of the call.
     sa.Column("error_code", sa.String(64)),

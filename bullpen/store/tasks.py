@@ -323,7 +323,7 @@ def _queued_run(
 
 
 def _stored_run(run: dict[str, Any]) -> RunRecord:
-    return RunRecord.of({**{c.name: None for c in runs.c}, **run})
+    return RunRecord.of({**{c.name: None for c in runs.c}, "lost_leases": 0, **run})
 
 
 async def update_task(

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 
 from bullpen.domain.events import EventKind
-from bullpen.domain.runs import Held, RetryPolicy
+from bullpen.domain.runs import ClaimedRun, Held, Redelivery, RetryPolicy, RunOutcome
 from bullpen.domain.status import RunStatus
 from bullpen.queue.worker import reap
 from bullpen.store import claims as claim_store
@@ -31,7 +31,7 @@ POLICY = RetryPolicy(max_attempts=3, base_s=10.0, max_s=100.0)
 
 async def _claim(
     store: Store, limit: int = 10, owner: str = "w", at: datetime = NOW
-) -> list[run_store.ClaimedRun]:
+) -> list[ClaimedRun]:
     async with store.write() as conn:
         return (await claim_store.claim(conn, owner=owner, limit=limit, now=at, lease=LEASE)).runs
 
@@ -269,28 +269,104 @@ def test_backoff_doubles_up_to_its_cap_with_jitter() -> None:
         assert full / 2 <= delay <= full
 
 
-def _failed() -> run_store.RunOutcome:
-    return run_store.RunOutcome(RunStatus.FAILED, None, "x", None, None, None, None, None, None)
+def _failed() -> RunOutcome:
+    return RunOutcome(RunStatus.FAILED, None, "x", None, None, None, None, None, None)
 
 
-async def test_a_claim_takes_at_most_one_run_whose_delivery_failed(store: Store) -> None:
+def _done() -> RunOutcome:
+    return RunOutcome(RunStatus.DONE, "ok", None, None, None, None, None, None, None)
+
+
+async def _fail(
+    store: Store, held: list[ClaimedRun], *, lost: bool, policy: RetryPolicy
+) -> list[Redelivery]:
+    """End these deliveries as failed, at once due again (`lost`: their worker died)."""
+    async with store.write() as conn:
+        return await run_store.fail_deliveries(
+            conn,
+            [Held(c.id, c.attempt) for c in held],
+            reason="x",
+            now=NOW,
+            policy=policy,
+            lost=lost,
+        )
+
+
+async def test_a_claim_takes_at_most_one_run_whose_worker_died_under_it(store: Store) -> None:
     """Runs that crashed together are retried apart: one suspect per claim."""
     ws, agent = await workspace_with_agent(store)
     for i in range(3):
         await new_task(store, ws, agent, NOW + timedelta(seconds=i))
-    crashed = await _claim(store, limit=2)
-    async with store.write() as conn:
-        await run_store.fail_deliveries(
-            conn,
-            [Held(c.id, c.attempt) for c in crashed],
-            reason="worker died",
-            now=NOW,
-            policy=RetryPolicy(base_s=0),
-        )
+    await _fail(store, await _claim(store, limit=2), lost=True, policy=RetryPolicy(base_s=0))
     first = await _claim(store, limit=10)
-    assert [c.failures for c in first].count(1) == 1 and len(first) == 2
+    assert sorted(c.lost_leases for c in first) == [0, 1]
     (second,) = await _claim(store, limit=10)
-    assert second.failures == 1
+    assert (second.lost_leases, second.failures) == (1, 1)
+
+
+async def test_runs_that_failed_on_a_live_worker_are_not_suspects(store: Store) -> None:
+    """A provider's 503 after a whole batch started is no sign of a poison run: the batch's
+    retries are claimed together, not one per claim."""
+    ws, agent = await workspace_with_agent(store)
+    for i in range(3):
+        await new_task(store, ws, agent, NOW + timedelta(seconds=i))
+    await _fail(store, await _claim(store, limit=3), lost=False, policy=RetryPolicy(base_s=0))
+    again = await _claim(store, limit=10)
+    assert [(c.failures, c.lost_leases) for c in again] == [(1, 0)] * 3
+
+
+def test_quarantine_starts_early_enough_to_leave_a_good_run_its_last_attempt() -> None:
+    assert [RetryPolicy(max_attempts=n).quarantine_at for n in (1, 2, 3, 4, 5, 10)] == [
+        1,
+        1,
+        2,
+        2,
+        2,
+        2,
+    ]
+
+
+async def test_a_good_run_is_never_dead_lettered_for_a_poison_run_it_met(store: Store) -> None:
+    """A poison run kills its worker whenever it runs; two good runs were claimed with it.
+
+    A worker with three slots fills them claim after claim (each claim takes one suspect) and
+    crashes whenever it holds the poison. Once the runs are quarantined it holds one such run
+    at a time, so the good runs stop meeting the poison: it is dead-lettered, they are done.
+    Without the quarantine all three would be dead-lettered together.
+    """
+    policy = RetryPolicy(max_attempts=4, base_s=0)
+    ws, agent = await workspace_with_agent(store)
+    poison = (await new_task(store, ws, agent, NOW))[1]
+    good = [(await new_task(store, ws, agent, NOW + timedelta(seconds=i)))[1] for i in (1, 2)]
+    for _ in range(10):
+        held: list[ClaimedRun] = []
+        while len(held) < 3:
+            quarantined = any(c.lost_leases >= policy.quarantine_at for c in held)
+            async with store.write() as conn:
+                took = await claim_store.claim(
+                    conn,
+                    owner="w",
+                    limit=3 - len(held),
+                    now=NOW,
+                    lease=LEASE,
+                    lost_below=policy.quarantine_at if quarantined else None,
+                )
+            if not took.runs:
+                break
+            held += took.runs
+        if not held:
+            break
+        if any(c.id == poison for c in held):
+            await _fail(store, held, lost=True, policy=policy)  # it takes the worker down
+            continue
+        async with store.write() as conn:
+            for c in held:
+                assert await run_store.finish(
+                    conn, run_id=c.id, attempt=c.attempt, outcome=_done(), now=NOW
+                )
+    ended = {run_id: await _run(store, run_id) for run_id in [poison, *good]}
+    assert [(ended[r].status, ended[r].lost_leases) for r in good] == [("done", 2)] * 2
+    assert (ended[poison].status, ended[poison].failures) == ("failed", 4)
 
 
 async def test_a_claim_gives_each_workspace_no_more_than_its_room(store: Store) -> None:

@@ -23,6 +23,7 @@ import sqlalchemy as sa
 
 from bullpen.app import utcnow
 from bullpen.domain.budgets import BudgetRecord
+from bullpen.domain.runs import RetryPolicy
 from bullpen.services.bootstrap import Bootstrap
 from bullpen.settings import Settings
 from bullpen.simulator.provider import SimConfig, SimulatedProvider
@@ -205,7 +206,8 @@ async def test_a_poison_run_is_dead_lettered_while_good_runs_complete(
     settings: Settings, db: Store
 ) -> None:
     """A run that kills its worker every time it starts ends `failed` after N attempts; 500
-    good runs complete (dead workers are replaced, as a supervisor would)."""
+    good runs complete (dead workers are replaced, as a supervisor would), none of them taken
+    down by the poison more often than the quarantine allows."""
     marker = "POISON-RUN-" + "x" * 8
     boot = await bootstrap(db, settings)
     env = worker_env(settings, fault_crash_marker=marker, max_attempts=4, worker_concurrency=16)
@@ -225,7 +227,10 @@ async def test_a_poison_run_is_dead_lettered_while_good_runs_complete(
         result = await ledger(db, good)
         async with db.read() as conn:
             row = (await conn.execute(sa.select(runs).where(runs.c.task_id == poison))).one()
+            most = sa.select(sa.func.max(runs.c.lost_leases)).where(runs.c.task_id.in_(good))
+            lost = (await conn.execute(most)).scalar_one()
     assert result.clean, result.summary()
+    assert lost <= RetryPolicy(max_attempts=4).quarantine_at
     assert (row.status, row.failures, row.attempt) == ("failed", 4, 4)
     assert row.error.startswith("dead-lettered after 4 failed attempts")
     assert len(pool.logs) >= 4 and sum("crash marker" in log for log in pool.logs) == 4

@@ -157,6 +157,8 @@ class Ledger:
     duplicated: list[uuid.UUID] = field(default_factory=list)
     unexpected: list[tuple[uuid.UUID, str]] = field(default_factory=list)
     attempts: dict[uuid.UUID, int] = field(default_factory=dict)
+    # How each lost task's run ended: status, failed deliveries and error.
+    endings: dict[uuid.UUID, str] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
@@ -169,6 +171,7 @@ class Ledger:
             f"lost={len(self.lost)} duplicated={len(self.duplicated)} "
             f"unexpected={self.unexpected[:5]} redelivered="
             f"{sum(1 for a in self.attempts.values() if a > 1)}"
+            + "".join(f"\n  lost {task}: {how}" for task, how in list(self.endings.items())[:5])
         )
 
 
@@ -179,9 +182,14 @@ async def ledger(store: Store, task_ids: list[uuid.UUID], *, expect: str = "done
     async with store.read() as conn:
         run_rows = list(
             await conn.execute(
-                sa.select(runs.c.id, runs.c.task_id, runs.c.status, runs.c.attempt).where(
-                    runs.c.task_id.in_(task_ids)
-                )
+                sa.select(
+                    runs.c.id,
+                    runs.c.task_id,
+                    runs.c.status,
+                    runs.c.attempt,
+                    runs.c.failures,
+                    runs.c.error,
+                ).where(runs.c.task_id.in_(task_ids))
             )
         )
         results = {
@@ -209,6 +217,9 @@ async def ledger(store: Store, task_ids: list[uuid.UUID], *, expect: str = "done
         out.attempts[task_id] = int(run.attempt)
         if run.status != expect:
             out.lost.append(task_id)
+            out.endings[task_id] = (
+                f"{run.status}, attempt {run.attempt}, failures {run.failures}: {run.error}"
+            )
             continue
         evs = events.get(run.id, [])
         ends = [e for e in evs if e.kind == "end"]

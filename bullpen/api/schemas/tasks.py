@@ -139,6 +139,10 @@ class RunPublic(BaseModel):
     failures: int = Field(
         description="Deliveries that ended without an outcome (lost lease, transient failure)"
     )
+    lost_leases: int = Field(
+        description="Of those, deliveries whose worker died holding the run. Claims keep such "
+        "runs apart, and a worker holds at most one run lost twice (see docs/queue.md)"
+    )
     priority: int
     available_at: datetime | None = Field(description="When a retried run may be claimed again")
     cancel_requested_at: datetime | None
@@ -178,6 +182,7 @@ class RunPublic(BaseModel):
             status=row.status,
             attempt=row.attempt,
             failures=row.failures,
+            lost_leases=row.lost_leases,
             priority=row.priority,
             available_at=row.available_at,
             cancel_requested_at=row.cancel_requested_at,

@@ -102,6 +102,7 @@ class RunRecord:
     priority: int
     available_at: datetime | None
     failures: int
+    lost_leases: int  # of the failures, deliveries whose worker died holding the run
     cancel_requested_at: datetime | None
     error_code: str | None
     cost_usd: float | None

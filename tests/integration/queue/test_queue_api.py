@@ -106,6 +106,7 @@ async def test_a_transient_failure_is_retried_then_dead_lettered(
     done = await wait_status(http, server, task["id"], "failed")
     run = done["run"]
     assert (run["status"], run["attempt"], run["failures"]) == ("failed", 3, 3)
+    assert run["lost_leases"] == 0  # its worker lived: no suspect of killing workers
     assert run["error"].startswith("dead-lettered after 3 failed attempts; last: provider")
     assert "could not be reached" in run["error"]
     events = await read_events(
