@@ -111,14 +111,22 @@ class InlineConnection:
         return fn(self.sync_connection)
 
 
+class Deferred(Protocol):
+    """Writes a transaction gathers and makes once, just before it commits."""
+
+    async def flush(self, conn: Connection) -> None:
+        """Make the gathered writes on the transaction's connection."""
+
+
 class _Ambient:
     """The write transaction open in this task, joined by nested read()/write() calls."""
 
-    __slots__ = ("after_commit", "conn", "owner")
+    __slots__ = ("after_commit", "conn", "deferred", "owner")
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.after_commit: list[Callable[[], None]] = []
+        self.deferred: dict[str, Deferred] = {}
         # Tasks spawned inside the transaction inherit the context var; only its owner joins.
         self.owner = asyncio.current_task()
 
@@ -152,6 +160,23 @@ def after_commit(callback: Callable[[], None]) -> None:
         callback()
     else:
         ambient.after_commit.append(callback)
+
+
+D = TypeVar("D", bound=Deferred)
+
+
+def deferred(conn: Connection, key: str, make: Callable[[], D]) -> D | None:
+    """The `key` writes gathered by `conn`'s write transaction, open in this task (made by
+    `make` at first use), flushed just before it commits, after everything else it did; None
+    if `conn` is no such transaction. For rows many transactions update (rollups): flushed
+    last and in one order, their locks are taken in one order by everyone, and held briefly."""
+    ambient = _ambient()
+    if ambient is None or ambient.conn is not conn:
+        return None
+    found = ambient.deferred.get(key)
+    if found is None:
+        found = ambient.deferred[key] = make()
+    return found  # type: ignore[return-value]
 
 
 # How many transactions of one `write(turn=...)` key a process runs at once: while one commits,
@@ -331,6 +356,8 @@ class Store:
                 token = _AMBIENT.set(tx)
                 try:
                     yield conn
+                    for pending in tx.deferred.values():
+                        await pending.flush(conn)
                 finally:
                     _AMBIENT.reset(token)
                     callbacks = tx.after_commit

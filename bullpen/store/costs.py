@@ -107,6 +107,7 @@ async def totals(
     dimension sums the days' groups kept in the rollups' memo (`_whole_days`)."""
     dialect = conn.dialect.name
     first, last = _midnight(since, up=True), _midnight(until, up=False)
+    await rollups.settle(conn)  # a write transaction reads what it added
     memo = rollups.memo_of(conn)
     whole_days = first < last and (first, last) == (since, until)
     if memo is not None and group_by is not None and whole_days:

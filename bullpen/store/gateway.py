@@ -198,24 +198,34 @@ _RECORD_COST = cost_events.insert().values(
 )
 
 
-# PostgreSQL: the rows and their sums in `cost_days` in one statement (one round trip, atomic
-# also outside a transaction, as the usage ledger writes): the rows come as one JSON array.
-_PG_RECORD_COSTS = sa.text(
-    """
+# PostgreSQL: the rows come as one JSON array (one round trip whatever their number).
+_PG_COST_ROWS = """
 WITH r AS (
     SELECT * FROM jsonb_to_recordset(CAST(CAST(:rows AS text) AS jsonb)) AS r(
         id uuid, workspace_id uuid, run_id uuid, agent_id uuid, user_id uuid, api_key_id uuid,
         provider text, model text, input_tokens integer, cached_input_tokens integer,
         output_tokens integer, cost_usd double precision, created_at timestamptz,
         task_id uuid, source text, estimated boolean)
-), inserted AS (
-    INSERT INTO cost_events (id, workspace_id, run_id, agent_id, user_id, api_key_id, provider,
-        model, input_tokens, cached_input_tokens, output_tokens, cost_usd, created_at, task_id,
-        source, estimated)
-    SELECT id, workspace_id, run_id, agent_id, user_id, api_key_id, provider, model,
-        input_tokens, cached_input_tokens, output_tokens, cost_usd, created_at, task_id,
-        source, estimated
-    FROM r
+)"""
+_PG_INSERT_COSTS = """
+INSERT INTO cost_events (id, workspace_id, run_id, agent_id, user_id, api_key_id, provider,
+    model, input_tokens, cached_input_tokens, output_tokens, cost_usd, created_at, task_id,
+    source, estimated)
+SELECT id, workspace_id, run_id, agent_id, user_id, api_key_id, provider, model,
+    input_tokens, cached_input_tokens, output_tokens, cost_usd, created_at, task_id,
+    source, estimated
+FROM r"""
+# In a write transaction the rows alone: their sums join what it adds to `cost_days` as it
+# commits (`rollups.add_costs`).
+_PG_RECORD_COSTS = sa.text(_PG_COST_ROWS + _PG_INSERT_COSTS)
+# Outside one (the usage ledger's autocommitted batches) rows and sums in one statement, atomic
+# on its own, its `cost_days` rows locked in the order every writer locks them
+# (`rollups.cost_order`).
+_PG_RECORD_COSTS_AND_SUMS = sa.text(
+    _PG_COST_ROWS
+    + ", inserted AS ("
+    + _PG_INSERT_COSTS
+    + """
 )
 INSERT INTO cost_days AS d (workspace_id, day, agent_id, api_key_id, provider, model, source,
     calls, input_tokens, cached_input_tokens, output_tokens, cost_usd)
@@ -225,6 +235,7 @@ SELECT workspace_id, CAST(timezone('UTC', created_at) AS date),
     sum(output_tokens), sum(cost_usd)
 FROM r
 GROUP BY 1, 2, 3, 4, 5, 6, 7
+ORDER BY 1, 2, 3, 4, provider COLLATE "C", model COLLATE "C", source COLLATE "C"
 ON CONFLICT (workspace_id, day, agent_id, api_key_id, provider, model, source) DO UPDATE SET
     calls = d.calls + excluded.calls,
     input_tokens = d.input_tokens + excluded.input_tokens,
@@ -255,10 +266,11 @@ async def record_costs(conn: Connection, rows: Sequence[dict[str, Any]]) -> None
         for row in filled:
             if row["created_at"].tzinfo is None:
                 raise ValueError("naive datetime given to a UTC column")
-        await conn.execute(
-            _PG_RECORD_COSTS,
-            {"rows": orjson.dumps(filled, default=str).decode(), "no_id": str(NO_ID)},
-        )
-        return
-    await conn.execute(_RECORD_COST, filled)
+        encoded = orjson.dumps(filled, default=str).decode()
+        if not rollups.gathers(conn):
+            await conn.execute(_PG_RECORD_COSTS_AND_SUMS, {"rows": encoded, "no_id": str(NO_ID)})
+            return
+        await conn.execute(_PG_RECORD_COSTS, {"rows": encoded})
+    else:
+        await conn.execute(_RECORD_COST, filled)
     await rollups.add_costs(conn, filled)

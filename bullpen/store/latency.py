@@ -95,6 +95,7 @@ async def _from_histogram(
     """The percentiles of the whole hours in [since, until), from `ttft_hours`; on SQLite
     those of hours not written since they were last read come from the rollups' memo
     (`rollups.Memo`), and only the span from the first hour it lacks to the last is read."""
+    await rollups.settle(conn)  # a write transaction reads what it added
     memo = rollups.memo_of(conn)
     if memo is None:
         return await _histogram(conn, workspace_id, since, until)

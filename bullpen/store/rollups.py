@@ -4,7 +4,8 @@ instead of every ledger row and run of a month (migration 0021).
 - `cost_days`: the cost ledger's calls, tokens and USD per workspace, UTC day and every key
   `/api/v1/costs` groups by (agent, API key, provider, model, source); a grouping sums its rows.
   Every write of `cost_events` keeps it in step in the same transaction: the ledger's inserts
-  (`gateway.record_costs`, one statement with the insert on PostgreSQL), retention's deletes
+  (`gateway.record_costs`; outside a write transaction, one statement with the insert on
+  PostgreSQL), retention's deletes
   (`subtract_costs`), an agent's delete (`forget_agent`, as the ledger's `SET NULL`) and the
   demo seed. Ledger rows are never updated. A call without an agent or an API key is under
   `NO_ID` there (a NULL would never conflict in the upsert's key).
@@ -13,6 +14,13 @@ instead of every ledger row and run of a month (migration 0021).
   [GROWTH^(i-1), GROWTH^i) ms. A percentile read from it is within the bucket of the exact
   one (see `bullpen/store/latency.py`): off by less than GROWTH - 1 (5 %) of it, or 1 ms
   below 1 ms. Written where a run's end records its `ttft_ms` (`runs.finish`; a run ends once).
+
+Inside a write transaction the additions are gathered and made just before it commits, after
+everything else it did (`_Additions`): `ttft_hours` first, then `cost_days`, each in key order,
+one upsert each however many runs ended in it (the event log ends many in one). Every writer
+therefore locks these shared rows in one order, and only for the moment before its commit; on
+PostgreSQL, transactions that ended runs and recorded their costs in opposite orders used to
+deadlock on them (one waited `deadlock_timeout`, 1 s, then was retried).
 
 On SQLite the writers also mark the days and hours they wrote, after their commit, in the
 database's `Memo` of what the dashboard read of them (see `Memo`).
@@ -31,7 +39,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from bullpen.store.base import WRITE_OPTION, Connection, InlineConnection, after_commit
+from bullpen.store.base import WRITE_OPTION, Connection, InlineConnection, after_commit, deferred
 from bullpen.store.tables import api_keys, cost_days, cost_events, runs, ttft_hours
 
 NO_ID = UUID(int=0)  # the agent or API key of a call without one
@@ -248,12 +256,83 @@ def cost_sums(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return list(sums.values())
 
 
+class _Additions:
+    """What a write transaction adds to the rollups, made just before it commits."""
+
+    __slots__ = ("costs", "ttfts")
+
+    def __init__(self) -> None:
+        self.costs: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.ttfts: dict[tuple[UUID, datetime, int], int] = {}
+
+    def add_costs(self, sums: Iterable[dict[str, Any]]) -> None:
+        for total in sums:
+            key = tuple(total[name] for name in COST_KEY)
+            held = self.costs.get(key)
+            if held is None:
+                self.costs[key] = total
+            else:
+                for name in COST_SUMS:
+                    held[name] += total[name]
+
+    def add_ttfts(self, counts: Mapping[tuple[UUID, datetime, int], int]) -> None:
+        for key, n in counts.items():
+            self.ttfts[key] = self.ttfts.get(key, 0) + n
+
+    async def flush(self, conn: Connection) -> None:
+        """Both upserts, in the order every writer takes these rows' locks."""
+        if self.ttfts:
+            await conn.execute(
+                ttft_upsert(conn),
+                [
+                    {"workspace_id": ws, "hour": hour, "bucket": bucket, "runs": n}
+                    for (ws, hour, bucket), n in sorted(self.ttfts.items())
+                ],
+            )
+        if self.costs:
+            await conn.execute(
+                _upsert(conn, cost_days, COST_KEY, COST_SUMS),
+                [self.costs[key] for key in sorted(self.costs, key=cost_order)],
+            )
+        self.costs, self.ttfts = {}, {}
+
+
+def cost_order(key: Sequence[Any]) -> tuple[Any, ...]:
+    """A `cost_days` key's place in the order its rows are locked in: as PostgreSQL sorts
+    (uuid, date, uuid, uuid, text COLLATE "C" ×3), which `gateway.record_costs` uses too."""
+    ws, day, agent, api_key, provider, model, source = key
+    return (ws, day, agent, api_key, provider.encode(), model.encode(), source.encode())
+
+
+async def settle(conn: Connection) -> None:
+    """Make what `conn`'s write transaction added so far, for a read of the rollups in it."""
+    pending = deferred(conn, "rollups", _Additions)
+    if pending is not None and (pending.costs or pending.ttfts):
+        await pending.flush(conn)
+
+
+def gathers(conn: Connection) -> bool:
+    """Whether `conn` is a write transaction, whose additions are made as it commits."""
+    return deferred(conn, "rollups", _Additions) is not None
+
+
+async def _gather(conn: Connection, add: Callable[[_Additions], None]) -> None:
+    """Add to what the write transaction of `conn` adds as it commits; outside one, now."""
+    pending = deferred(conn, "rollups", _Additions)
+    if pending is not None:
+        add(pending)
+        return
+    now = _Additions()
+    add(now)
+    await now.flush(conn)
+
+
 async def add_costs(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> None:
-    """Add ledger rows just inserted (in this transaction) to `cost_days`, one upsert."""
+    """Add ledger rows just inserted (in this transaction) to `cost_days` as it commits."""
     sums = cost_sums(rows)
     if sums:
-        await conn.execute(_upsert(conn, cost_days, COST_KEY, COST_SUMS), sums)
         _wrote(conn, ((s["workspace_id"], s["day"]) for s in sums))
+        await _gather(conn, lambda additions: additions.add_costs(sums))
 
 
 async def subtract_costs(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> None:
@@ -265,6 +344,7 @@ async def subtract_costs(conn: Connection, rows: Iterable[Mapping[str, Any]]) ->
     for total in sums:
         for name in COST_SUMS:
             total[name] = -total[name]
+    sums.sort(key=lambda total: cost_order([total[name] for name in COST_KEY]))
     await conn.execute(_upsert(conn, cost_days, COST_KEY, COST_SUMS), sums)
     c = cost_days.c
     days = sorted({(s["workspace_id"], s["day"]) for s in sums})
@@ -325,13 +405,7 @@ async def add_ttfts(conn: Connection, runs: Iterable[tuple[UUID, datetime, float
         counts[key] = counts.get(key, 0) + 1
     if counts:
         _wrote(conn, ((ws, hour) for ws, hour, _bucket in counts))
-        await conn.execute(
-            ttft_upsert(conn),
-            [
-                {"workspace_id": ws, "hour": hour, "bucket": bucket, "runs": n}
-                for (ws, hour, bucket), n in counts.items()
-            ],
-        )
+        await _gather(conn, lambda additions: additions.add_ttfts(counts))
 
 
 async def rebuild(conn: Connection, workspace_id: UUID) -> None:

@@ -22,7 +22,7 @@ from bullpen.store import budgets as budget_store
 from bullpen.store import gateway as gateway_store
 from bullpen.store import rollups, workflow
 from bullpen.store.base import Connection
-from bullpen.store.tables import runs, tasks, ttft_hours
+from bullpen.store.tables import runs, tasks
 
 
 def _among(conn: Connection, column: sa.Column[UUID], ids: list[UUID]) -> sa.ColumnElement[bool]:
@@ -301,35 +301,6 @@ _FINISH_RUN = (
         .label("dependencies"),
     )
 )
-# PostgreSQL: the run's end with its time to first token counted in `ttft_hours`, one
-# statement (the upsert rides along as a CTE: no round trip more per run). SQLite runs the
-# upsert after it in the same transaction (`rollups.add_ttfts`).
-_FINISHED = _FINISH_RUN.cte("finished")
-_COUNT_TTFT = postgresql.insert(ttft_hours).from_select(
-    ["workspace_id", "hour", "bucket", "runs"],
-    sa.select(
-        _FINISHED.c.workspace_id,
-        sa.func.timezone(
-            "UTC", sa.func.date_trunc("hour", sa.func.timezone("UTC", _FINISHED.c.started_at))
-        ),
-        sa.bindparam("b_bucket", type_=sa.Integer),
-        sa.literal(1, sa.BigInteger),
-    ).where(
-        sa.bindparam("b_bucket", type_=sa.Integer).is_not(None),
-        _FINISHED.c.started_at.is_not(None),
-    ),
-)
-_COUNT_TTFT = _COUNT_TTFT.on_conflict_do_update(
-    index_elements=["workspace_id", "hour", "bucket"],
-    set_={"runs": ttft_hours.c.runs + _COUNT_TTFT.excluded.runs},
-)
-_PG_FINISH_RUN = sa.select(
-    _FINISHED.c.task_id,
-    _FINISHED.c.workspace_id,
-    _FINISHED.c.agent_id,
-    _FINISHED.c.started_at,
-    _FINISHED.c.dependencies,
-).add_cte(_COUNT_TTFT.cte("counted"))
 _FINISH_TASK = (
     tasks.update()
     # Only if no blocker was added since the caller looked (else it looks again).
@@ -368,15 +339,10 @@ async def finish(
     `blocked` instead of `done`; a task that ended wakes what waited for it (the runs enqueued
     are added to `woken`).
     """
-    postgres = conn.dialect.name == "postgresql"
     ttft_ms = outcome.ttft_ms
-    values: dict[str, Any] = {}
-    if postgres:
-        values["b_bucket"] = None if ttft_ms is None else rollups.bucket_of(ttft_ms)
     result = await conn.execute(
-        _PG_FINISH_RUN if postgres else _FINISH_RUN,
-        values
-        | {
+        _FINISH_RUN,
+        {
             "b_run_id": run_id,
             "b_attempt": attempt,
             "b_status": outcome.status.value,
@@ -397,7 +363,7 @@ async def finish(
     if row is None:
         return False
     task_id = row.task_id
-    if not postgres and ttft_ms is not None and row.started_at is not None:
+    if ttft_ms is not None and row.started_at is not None:  # counted as the transaction commits
         await rollups.add_ttfts(conn, [(row.workspace_id, row.started_at, ttft_ms)])
     # A cancelled run may still hold reservations of the call it was stopped in.
     if outcome.calls is not None or outcome.status is RunStatus.CANCELLED:

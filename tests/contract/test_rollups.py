@@ -11,10 +11,11 @@ memo) answer every later write of them, and a write that rolls back leaves nothi
 
 from __future__ import annotations
 
+import asyncio
 import random
 import statistics
 import uuid
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -472,3 +473,39 @@ async def test_a_read_inside_a_write_sees_its_rows_and_nothing_of_them_stays(
             raise _Undone  # rolled back
     async with store.read() as conn:
         assert await costs.totals(conn, ledger.ws, **whole) == before
+
+
+# SQLite runs one write transaction at a time: the two could not interleave there.
+@pytest.mark.parametrize("backend", ["postgres", "pgbouncer"])
+async def test_writers_adding_to_the_same_rollup_rows_in_opposite_orders_do_not_deadlock(
+    store: Store,
+) -> None:
+    """Two transactions each end a run (its TTFT) and record a call (its cost), in opposite
+    orders, each making its first addition before the other makes its second: the shape of
+    two worker processes' group commits of run ends. Were the rollup rows locked as each
+    addition came, each would wait for the other (PostgreSQL: `deadlock detected` after its
+    `deadlock_timeout`); made in one order as each commits, both commit and both count."""
+    ledger = await _ledger_of(store, 6, 0)
+    row = ledger.row() | {"created_at": NOW + timedelta(hours=1), "model": "m-both"}
+    started = [asyncio.Event(), asyncio.Event()]
+
+    async def ttft(conn: Connection) -> None:
+        await rollups.add_ttfts(conn, [(ledger.ws, NOW, 123.0)])
+
+    async def cost(conn: Connection) -> None:
+        await gateway.record_costs(conn, [dict(row)])
+
+    async def both(me: int, steps: list[Callable[[Connection], Awaitable[None]]]) -> None:
+        async with store.write() as conn:
+            await steps[0](conn)
+            started[me].set()
+            await started[1 - me].wait()
+            await steps[1](conn)
+
+    await asyncio.wait_for(asyncio.gather(both(0, [ttft, cost]), both(1, [cost, ttft])), 20)
+    async with store.read() as conn:
+        runs_counted = (await conn.execute(sa.select(sa.func.sum(ttft_hours.c.runs)))).scalar()
+        calls = (
+            await conn.execute(sa.select(cost_days.c.calls).where(cost_days.c.model == "m-both"))
+        ).scalar_one()
+    assert (runs_counted, calls) == (2, 2)
