@@ -186,7 +186,8 @@ def create_app(settings: Settings, *, span_exporter: SpanExporter | None = None)
     app.router.routes.append(Route(MCP_PATH, mcp, include_in_schema=False))
     openapi.install(app)
     app.direct = {
-        "/v1/chat/completions": DirectEndpoint(relay.chat_request, settings.relay_max_body_bytes)
+        "/v1/chat/completions": DirectEndpoint(relay.chat_request, settings.relay_max_body_bytes),
+        "/api/v1/tasks": DirectEndpoint(tasks.create_request, settings.max_body_bytes),
     }
     app.mount("/static", StaticFiles(directory=ui.WEB / "static"), name="static")
     return app

@@ -221,6 +221,12 @@ async def idempotent_write(
     ] = None,
 ) -> IdempotentWrite:
     """The request's write transaction, with its validated Idempotency-Key if any."""
+    return write_of(request, svc, idempotency_key)
+
+
+def write_of(request: Request, svc: Services, idempotency_key: str | None) -> IdempotentWrite:
+    """What `idempotent_write` gives a route, for a handler that resolves its own
+    dependencies."""
     check_key(idempotency_key)
     return IdempotentWrite(
         svc,

@@ -44,6 +44,7 @@ class RunningServer:
     services: Services
     boot: Bootstrap
     settings: Settings
+    app: Any = None  # the ASGI app it serves (`BullpenApp`)
 
     @property
     def auth(self) -> dict[str, str]:
@@ -89,7 +90,7 @@ async def serving(settings: Settings) -> AsyncIterator[RunningServer]:
     srv, task, base_url = await start_server(settings)
     app = srv.config.app
     try:
-        yield RunningServer(base_url, app.state.services, boot, settings)
+        yield RunningServer(base_url, app.state.services, boot, settings, app)
     finally:
         srv.should_exit = True
         await asyncio.wait_for(task, 15)

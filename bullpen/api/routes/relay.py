@@ -16,17 +16,11 @@ its answer and its metering are in `bullpen.gateway.relay`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
-from typing import Annotated, Any
+from typing import Annotated
 from urllib.parse import quote
 
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
-from fastapi.exceptions import RequestValidationError
-from fastapi.routing import APIRoute
-from pydantic import (
-    ValidationError,
-)
 
 from bullpen.api import docs
 from bullpen.api.deps import (
@@ -37,6 +31,7 @@ from bullpen.api.deps import (
     require_json,
     services_of,
 )
+from bullpen.api.direct import body_as, served_by
 from bullpen.api.eventstream import EventStream
 from bullpen.api.schemas.relay import (
     HEADER_SAFE,
@@ -126,34 +121,21 @@ async def chat_completions(body: ChatRequest, principal: Caller, svc: ServicesDe
 
 async def chat_request(request: Request) -> Response:
     """`chat_completions` with its parameters resolved here, as FastAPI would resolve them
-    (415, then the caller: 401, 429, 403; then the body: 422), for a fraction of the cost."""
+    (415, then the caller: 401, 429, 403; then the body: 422), for a fraction of the cost.
+    (Most requests do not even come through the router: the app serves this directly, ahead
+    of its middleware; see `BullpenApp`.)"""
     check_json(request)
     svc = services_of(request)
     principal = await caller_with(request, svc, Permission.LLM_USE)
-    try:
-        body = ChatRequest.model_validate_json(await request.body())
-    except ValidationError as err:
-        raise RequestValidationError(
-            [{**e, "loc": ("body", *e["loc"])} for e in err.errors(include_url=False)]
-        ) from None
+    body = body_as(ChatRequest, await request.body())
     return await chat_completions(body, principal, svc)
-
-
-class _ChatRoute(APIRoute):
-    """FastAPI documents `chat_completions` from its signature (and `access_of` reads its
-    `require`), but requests go to `chat_request`: solving the dependencies generically cost
-    more CPU than the rest of a relayed call's set-up. (Most requests do not even come this
-    way: the app serves `chat_request` directly, ahead of its middleware; see `BullpenApp`.)"""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        return chat_request
 
 
 router.add_api_route(
     "/chat/completions",
     chat_completions,
     methods=["POST"],
-    route_class_override=_ChatRoute,
+    route_class_override=served_by(chat_request),
     operation_id="createChatCompletion",
     dependencies=[Depends(require_json)],
     responses={

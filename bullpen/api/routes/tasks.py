@@ -5,14 +5,22 @@ from __future__ import annotations
 from typing import Annotated
 from uuid import UUID
 
-from fastapi import APIRouter, Depends, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import StringConstraints
 from pydantic.json_schema import SkipJsonSchema
 
 from bullpen.api import cursor, docs
-from bullpen.api.deps import ServicesDep, require, require_json
+from bullpen.api.deps import (
+    ServicesDep,
+    caller_with,
+    check_json,
+    require,
+    require_json,
+    services_of,
+)
+from bullpen.api.direct import body_as, served_by
 from bullpen.api.eventstream import EventStream
-from bullpen.api.idempotency import Idempotent
+from bullpen.api.idempotency import HEADER, Idempotent, write_of
 from bullpen.api.schemas.tasks import (
     CommentCreate,
     CommentPage,
@@ -57,18 +65,6 @@ _TASK_LINKS = {
 }
 
 
-@router.post(
-    "",
-    operation_id="createTask",
-    status_code=201,
-    response_model=TaskPublic,
-    dependencies=[Depends(require_json)],
-    responses={
-        **docs.created(TaskPublic, "The task, queued", _TASK_LINKS),
-        **docs.problems(*docs.WRITE),
-    },
-    summary="Create a task and enqueue its first run",
-)
 async def create_task(
     body: TaskCreate, principal: Writer, svc: ServicesDep, idem: Idempotent
 ) -> Response:
@@ -87,6 +83,35 @@ async def create_task(
             blocked_by=body.blocked_by,
         )
         return tx.respond(201, TaskPublic.from_rows(task, run), location=f"/api/v1/tasks/{task.id}")
+
+
+async def create_request(request: Request) -> Response:
+    """`create_task` with its parameters resolved here, as FastAPI would resolve them (415,
+    then the caller: 401, 429, 403; then the `Idempotency-Key`: 400; then the body: 422),
+    for a fraction of the CPU. The app serves it ahead of its middleware (`BullpenApp`)."""
+    check_json(request)
+    svc = services_of(request)
+    principal = await caller_with(request, svc, Permission.TASKS_WRITE)
+    idem = write_of(request, svc, request.headers.get(HEADER))
+    body = body_as(TaskCreate, await request.body())
+    return await create_task(body, principal, svc, idem)
+
+
+router.add_api_route(
+    "",
+    create_task,
+    methods=["POST"],
+    route_class_override=served_by(create_request),
+    operation_id="createTask",
+    status_code=201,
+    response_model=TaskPublic,
+    dependencies=[Depends(require_json)],
+    responses={
+        **docs.created(TaskPublic, "The task, queued", _TASK_LINKS),
+        **docs.problems(*docs.WRITE),
+    },
+    summary="Create a task and enqueue its first run",
+)
 
 
 @router.get(

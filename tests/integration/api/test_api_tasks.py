@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 import sqlalchemy as sa
 
@@ -325,3 +327,85 @@ async def test_concurrent_clients_each_get_their_own_complete_stream(
     async with server.services.store.read() as conn:
         stored = dict((await conn.execute(sa.select(tasks.c.id, tasks.c.result))).all())
     assert {str(k): v for k, v in stored.items()} == dict(results)
+
+
+@pytest.mark.with_settings(max_body_bytes=4096)
+async def test_the_direct_create_answers_as_the_middleware_stack_would(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    """`POST /api/v1/tasks` is served ahead of the middleware stack (`BullpenApp.direct`),
+    its parameters resolved by its own handler. Every request below gets the same answer
+    from it as from the stack, where FastAPI resolves them: status, problem type and fields,
+    headers, the created task's shape; and the same order of refusals when several apply."""
+    async with http.post(
+        server.base_url + "/api/v1/api-keys",
+        json={"name": "ro", "scopes": ["tasks:read"]},
+        headers=server.auth,
+    ) as resp:
+        read_only = bearer((await resp.json())["key"])
+    url = server.base_url + "/api/v1/tasks"
+    task = {"agent_id": str(server.boot.agent_id), "prompt": PROMPT}
+    as_json = {**server.auth, "Content-Type": "application/json"}
+
+    def dumps(value: Any) -> bytes:
+        return orjson.dumps(value)
+
+    def cases(run: str) -> list[tuple[str, dict[str, str], bytes]]:
+        key = {"Idempotency-Key": f"{run}-key"}
+        return [
+            ("created", as_json, dumps(task)),
+            ("keyed", {**as_json, **key}, dumps(task)),
+            ("replayed", {**as_json, **key}, dumps(task)),
+            ("key reused", {**as_json, **key}, dumps({**task, "prompt": "other"})),
+            ("key too long", {**as_json, "Idempotency-Key": "k" * 256}, dumps(task)),
+            ("not json", {**server.auth, "Content-Type": "text/plain"}, dumps(task)),
+            ("anonymous", {"Content-Type": "application/json"}, dumps(task)),
+            ("read only", {**read_only, "Content-Type": "application/json"}, dumps(task)),
+            ("bad json", as_json, b'{"prompt": '),
+            ("no prompt", as_json, dumps({"agent_id": task["agent_id"]})),
+            ("unknown field", as_json, dumps({**task, "colour": "red"})),
+            ("no agent", as_json, dumps({**task, "agent_id": str(uuid.uuid4())})),
+            ("too big", as_json, dumps({**task, "prompt": "x" * 5000})),
+            ("not json, anonymous", {"Content-Type": "text/plain"}, dumps(task)),
+            ("bad key and body", {**as_json, "Idempotency-Key": "k" * 256}, b"{"),
+        ]
+
+    async def answers(run: str) -> dict[str, tuple[Any, ...]]:
+        out: dict[str, tuple[Any, ...]] = {}
+        for name, headers, data in cases(run):
+            async with http.post(url, data=data, headers=headers) as resp:
+                body = orjson.loads(await resp.read())
+                kept = {h: resp.headers.get(h) for h in ("Content-Type", "WWW-Authenticate")}
+                kept |= {h: h in resp.headers for h in ("Location", "Content-Security-Policy")}
+                kept["replayed"] = resp.headers.get("Idempotent-Replayed")
+                if resp.status == 201:
+                    shape: Any = sorted(body)
+                else:
+                    shape = (body["type"], body.get("detail"), body.get("errors"))
+                out[name] = (resp.status, kept, shape)
+        return out
+
+    direct = await answers("direct")
+    assert [v[0] for v in direct.values()] == [
+        201,
+        201,
+        201,
+        422,
+        400,
+        415,
+        401,
+        403,
+        422,
+        422,
+        422,
+        404,
+        413,
+        415,
+        400,
+    ]
+    saved, server.app.direct = server.app.direct, {}
+    try:
+        stacked = await answers("stack")
+    finally:
+        server.app.direct = saved
+    assert direct == stacked
