@@ -412,6 +412,7 @@ async def rebuild(conn: Connection, workspace_id: UUID) -> None:
     """Compute a workspace's rollups again from its ledger rows and runs, for rows changed
     behind the store's back (a restore, a manual fix): what retention took from the runs is
     then no longer counted in `ttft_hours`."""
+    await settle(conn)  # what this transaction added is in the rows counted below
     await conn.execute(cost_days.delete().where(cost_days.c.workspace_id == workspace_id))
     await conn.execute(ttft_hours.delete().where(ttft_hours.c.workspace_id == workspace_id))
     _wrote_all(conn, workspace_id)
