@@ -53,6 +53,7 @@ from bullpen.services.invitations import InvitationService
 from bullpen.services.ledger import UsageLedger
 from bullpen.services.mcp_servers import McpDirectory, McpService
 from bullpen.services.routines import RoutineService, Scheduler
+from bullpen.services.searchindex import SearchIndexer
 from bullpen.services.spend import RelayBudgets, RunSpend, Spend
 from bullpen.services.tasks import TaskService
 from bullpen.services.team import Team
@@ -310,6 +311,7 @@ async def build(
                 expire_approvals=approvals.expire,
             )
         )
+        await stack.enter_async_context(SearchIndexer(store))
         if worker is not None:  # routines fire wherever runs execute (any number at once)
             await stack.enter_async_context(
                 Scheduler(

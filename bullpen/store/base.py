@@ -318,6 +318,42 @@ class Store:
                 raise
             raise unreachable from err
 
+    async def write_apart(self, work: Callable[[Connection], Coroutine[Any, Any, T]]) -> T:
+        """`work(conn)` in a write transaction of its own, off the event loop: for upkeep that
+        writes many rows at once (the search index's batches). On SQLite it runs on a worker
+        thread while this process's write lock is held: other writers wait their turn as for
+        any write, and the loop goes on serving everything else. `work` awaits nothing but
+        its statements, and nothing it does waits for the commit (`after_commit`). On
+        PostgreSQL, and inside an open write transaction, it is `write()`."""
+        if not isinstance(self.engine, sa.Engine) or _ambient() is not None:
+            async with self.write() as conn:
+                return await work(conn)
+        engine = self.engine
+
+        def run() -> T:
+            with engine.connect() as sync_conn:
+                sync_conn = sync_conn.execution_options(**{WRITE_OPTION: True})
+                with sync_conn.begin():
+                    return _at_once(work(InlineConnection(sync_conn)))
+
+        assert self._write_lock is not None
+        try:
+            async with self._write_lock:
+                job = asyncio.ensure_future(asyncio.to_thread(run))
+                try:
+                    return await asyncio.shield(job)
+                except asyncio.CancelledError:
+                    # The thread goes on to its commit: the lock stays held until it has, or
+                    # the next writer on the loop would wait for SQLite's lock, loop and all.
+                    while not job.done():
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await asyncio.wait({job})
+                    raise
+        except (*_UNAVAILABLE, exc.DBAPIError) as err:
+            if (unreachable := _unreachable(err)) is None:
+                raise
+            raise unreachable from err
+
     @asynccontextmanager
     async def autocommit(self) -> AsyncIterator[Connection]:
         """For writes that are each one statement, atomic on its own (an insert of many rows

@@ -26,6 +26,7 @@ from cronsim import CronSim
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bullpen.store import rollups
+from bullpen.store import tasks as task_store
 from bullpen.store.base import Connection, Store
 from bullpen.store.tables import (
     agents,
@@ -422,6 +423,8 @@ async def seed_demo(
         # SQLite: the WAL would grow by the whole seed (gigabytes) before the store's own
         # checkpoints, which wait their turn on this loop, ran.
         await store.checkpoint()
+    # SQLite: every seeded task into the search's index now, not over the first minutes.
+    await task_store.index_all_pending(store)
     async with store.write() as conn:
         await conn.execute(
             workspaces.update().where(workspaces.c.id == workspace_id).values(task_counter=number)

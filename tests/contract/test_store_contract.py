@@ -308,6 +308,48 @@ async def test_a_read_apart_runs_off_the_loop_and_sees_what_its_transaction_may(
         assert await store.read_apart(waits) == 2
 
 
+async def test_a_write_apart_runs_off_the_loop_and_holds_the_write_turn_to_its_commit(
+    store: Store,
+) -> None:
+    """SQLite: the work runs on a worker thread while every other writer of the process
+    waits; cancelled, it still waits for the thread's commit before it lets the next writer
+    in (which would otherwise wait for SQLite's lock on the event loop)."""
+    ws, agent = await workspace_with_agent(store)
+    ran_on: list[int] = []
+    gate = threading.Event()
+
+    async def insert(conn: Any) -> int:
+        ran_on.append(threading.get_ident())
+        await insert_task(conn, ws, agent, NOW)
+        if store.is_sqlite:
+            gate.wait(10)  # the thread stays in its transaction until the test lets it go
+        return 1
+
+    async def count() -> int:
+        async with store.read() as conn:
+            found = await conn.execute(sa.select(sa.func.count()).select_from(tasks))
+            return int(found.scalar_one())
+
+    if not store.is_sqlite:  # PostgreSQL: a plain write
+        assert await store.write_apart(insert) == 1
+        assert ran_on == [threading.get_ident()] and await count() == 1
+        return
+    job = asyncio.create_task(store.write_apart(insert))
+    await asyncio.sleep(0.05)
+    assert ran_on and ran_on[0] != threading.get_ident()
+    other = asyncio.create_task(new_task(store, ws, agent, NOW))
+    await asyncio.sleep(0.05)
+    assert not other.done()  # its turn comes after the write apart's
+    job.cancel()
+    await asyncio.sleep(0.05)
+    assert not job.done() and not other.done()  # the thread has not committed yet
+    gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await job
+    await other
+    assert await count() == 2  # the cancelled caller's transaction committed all the same
+
+
 async def test_unreachable_database_maps_to_unavailable(store: Store) -> None:
     from bullpen.errors import Unavailable
 
