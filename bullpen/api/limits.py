@@ -1,16 +1,26 @@
-"""Request body limit, enforced before any handler reads the body (pure ASGI)."""
+"""Request body checks made before any handler reads the body (pure ASGI): its size, and
+that a JSON body holds only valid Unicode."""
 
 from __future__ import annotations
+
+import re
 
 import orjson
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from bullpen.api.problems import MEDIA_TYPE, PROBLEM_BASE
+from bullpen.api.problems import MEDIA_TYPE, PROBLEM_BASE, problem
+
+# A JSON escape of a UTF-16 surrogate (\uD800 to \uDFFF): half of a pair, or alone.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 class BodyTooLarge(Exception):
     """Raised inside `receive` when a streamed body passes the limit."""
+
+
+class LoneSurrogate(Exception):
+    """Raised inside `receive` when a JSON body escapes half of a UTF-16 surrogate pair alone."""
 
 
 class BodyLimit:
@@ -36,27 +46,32 @@ class BodyLimit:
         if declared is not None and (declared < 0 or declared > limit):
             await too_large(limit)(scope, receive, send)
             return
-        exceeded = False
+        refusal: Response | None = None  # set when the body is refused while being read
         replaced = False
         started = False
-        limited_receive = limited(receive, limit)
+        checked_receive = limited(receive, limit)
+        if _is_json(scope):
+            checked_receive = valid_unicode(checked_receive, scope["path"])
 
         async def guarded_receive() -> Message:
-            nonlocal exceeded
+            nonlocal refusal
             try:
-                return await limited_receive()
+                return await checked_receive()
             except BodyTooLarge:
-                exceeded = True
+                refusal = too_large(limit)
+                raise
+            except LoneSurrogate:
+                refusal = not_unicode(scope["path"])
                 raise
 
         async def guarded_send(message: Message) -> None:
-            # Frameworks may turn a failed body read into their own error: answer 413 instead.
+            # Frameworks may turn a failed body read into their own error: answer ours instead.
             nonlocal replaced, started
             if replaced:
                 return
-            if exceeded and message["type"] == "http.response.start":
+            if refusal is not None and message["type"] == "http.response.start":
                 replaced = True
-                await too_large(limit)(scope, receive, send)
+                await refusal(scope, receive, send)
                 return
             if message["type"] == "http.response.start":
                 started = True
@@ -64,9 +79,9 @@ class BodyLimit:
 
         try:
             await self.app(scope, guarded_receive, guarded_send)
-        except BodyTooLarge:
-            if not replaced and not started:
-                await too_large(limit)(scope, receive, send)
+        except (BodyTooLarge, LoneSurrogate):
+            if refusal is not None and not replaced and not started:
+                await refusal(scope, receive, send)
 
 
 def declared_length(scope: Scope) -> int | None:
@@ -94,6 +109,68 @@ def limited(receive: Receive, limit: int) -> Receive:
         return message
 
     return limited_receive
+
+
+def _is_json(scope: Scope) -> bool:
+    """Whether FastAPI would read the request's body as JSON: a JSON media type, or none."""
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            media: bytes = value.split(b";", 1)[0].strip().lower()
+            return media == b"application/json" or (
+                media.startswith(b"application/") and media.endswith(b"+json")
+            )
+    return True
+
+
+def valid_unicode(receive: Receive, path: str) -> Receive:
+    """`receive`, raising LoneSurrogate once the whole body has been read if it is JSON text
+    that escapes a lone UTF-16 surrogate (`"\\ud800"`). Python's JSON parser, which FastAPI
+    uses, takes one into a `str` that no UTF-8 encoder accepts, so it would fail far from the
+    request, at a database write or a secret's encryption: a 500 instead of a 422."""
+    chunks: list[bytes] = []
+
+    async def checked_receive() -> Message:
+        message = await receive()
+        if message["type"] == "http.request":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                chunks.clear()
+                if _escapes_lone_surrogate(body):
+                    raise LoneSurrogate(path)
+        return message
+
+    return checked_receive
+
+
+def _escapes_lone_surrogate(body: bytes) -> bool:
+    if _SURROGATE_ESCAPE.search(body) is None:
+        return False
+    try:
+        orjson.loads(body)  # strict: a surrogate pair decodes, half of one does not
+    except orjson.JSONDecodeError as err:
+        return "surrogate" in str(err)
+    return False
+
+
+def not_unicode(path: str) -> Response:
+    """The 422 for a JSON body that escapes a lone UTF-16 surrogate."""
+    return problem(
+        422,
+        "validation",
+        "Invalid request",
+        "One or more fields are invalid; see `errors`.",
+        instance=path,
+        errors=[
+            {
+                "location": "body",
+                "field": None,
+                "message": "JSON decode error: a string escapes half of a UTF-16 surrogate "
+                "pair alone (\\uD800 to \\uDFFF), which is not Unicode text",
+                "code": "json_invalid",
+            }
+        ],
+    )
 
 
 def too_large(limit: int) -> Response:

@@ -13,7 +13,7 @@ from bullpen.simulator.provider import completion_tokens
 from bullpen.store import agents as agent_store
 from bullpen.store.tables import agents, api_keys, audit_events, tasks
 from tests.support.db import audits, count, rows
-from tests.support.http import bearer, call, problem
+from tests.support.http import bearer, call, problem, problem_of
 from tests.support.seed import member_with_key, other_workspace
 from tests.support.servers import RunningServer
 from tests.support.sse import read_events, text_of
@@ -260,3 +260,39 @@ async def test_bad_input_permissions_and_other_workspaces(
     assert [a["name"] for a in listed.body["items"]] == ["theirs"]
     assert await snapshot(server) == before
     assert await count(server, tasks) == 0
+
+
+async def test_a_json_body_escaping_a_lone_surrogate_is_422_not_500(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    """Python's JSON parser takes `"\\ud800"` into a str no UTF-8 encoder accepts: the body is
+    refused before any handler runs (schemathesis found a 500 when such a string reached an
+    http agent's secret). A surrogate pair, an escaped emoji, is text like any other."""
+
+    def body(secret_tail: str) -> bytes:
+        text = (
+            '{"name": "hook", "adapter": "http", "config": {"url": "https://example.com/hook", '
+            f'"secret": "0123456789abcdef{secret_tail}"}}}}'
+        )
+        return text.encode()
+
+    headers = {**server.auth, "Content-Type": "application/json"}
+    for tail in ("\\ud800", "\\uDC00x", "\\ud83d"):
+        async with http.post(
+            f"{server.base_url}/api/v1/agents", data=body(tail), headers=headers
+        ) as resp:
+            found = await problem_of(resp, 422)
+        assert found["errors"][0]["code"] == "json_invalid", found
+    assert await count(server, agents, agents.c.name == "hook") == 0
+    # The same on the direct create path (pydantic's own JSON parser refuses it).
+    task = (
+        b'{"prompt": "half \\ud800 of a pair", "agent_id": "'
+        + str(server.boot.agent_id).encode()
+        + b'"}'
+    )
+    async with http.post(f"{server.base_url}/api/v1/tasks", data=task, headers=headers) as resp:
+        await problem_of(resp, 422)
+    async with http.post(
+        f"{server.base_url}/api/v1/agents", data=body("\\ud83d\\ude00"), headers=headers
+    ) as resp:
+        assert resp.status == 201, await resp.text()
