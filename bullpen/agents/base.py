@@ -15,12 +15,25 @@ from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
 
+from pydantic import SecretStr
+
 from bullpen.domain.events import EventKind
 from bullpen.domain.records.mcp import OpenStep
 from bullpen.domain.runs import ClaimedRun, RunOutcome
 from bullpen.domain.status import RunStatus
 from bullpen.gateway.catalog import Target
 from bullpen.gateway.router import Call
+
+# A JSON schema pattern, and its check for secrets (whose value an error never quotes): no NUL,
+# which PostgreSQL's text and jsonb cannot hold (issue 19, finding 8c).
+NO_NUL = r"^[^\x00]*$"
+
+
+def no_nul_secret(value: SecretStr) -> SecretStr:
+    """`value`, unless it holds a NUL character (then a validation error)."""
+    if "\x00" in value.get_secret_value():
+        raise ValueError("must not contain NUL")  # the value itself is never quoted
+    return value
 
 
 class Events(Protocol):

@@ -58,10 +58,18 @@ from uuid import UUID
 import aiohttp
 import orjson
 from aiohttp.abc import AbstractResolver
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    ValidationError,
+)
 from yarl import URL
 
-from bullpen.agents.base import Events, RunContext, done
+from bullpen.agents.base import NO_NUL, Events, RunContext, done, no_nul_secret
 from bullpen.domain.events import EventKind
 from bullpen.domain.runs import RunOutcome
 from bullpen.domain.trace import TRACE_PARENT
@@ -108,6 +116,10 @@ class WebhookTimeout(WebhookFailed):
 _URL_PATTERN = r"^[Hh][Tt][Tt][Pp][Ss]?://[^\x00-\x20\x7f/?#@]+([/?#][^\x00-\x20\x7f]*)?$"
 
 
+# The signing secret: no NUL, which the config's `secret_hint` (stored in jsonb) could hold.
+WebhookSecret = Annotated[SecretStr, AfterValidator(no_nul_secret)]
+
+
 class HttpAgentConfig(BaseModel):
     """An `http` agent's configuration as the API accepts it; `secret` is write-only."""
 
@@ -121,13 +133,14 @@ class HttpAgentConfig(BaseModel):
         "Private, loopback, link-local and other non-public addresses are refused unless "
         "the server's BULLPEN_OUTBOUND_ALLOW names them.",
     )
-    secret: SecretStr | None = Field(
+    secret: WebhookSecret | None = Field(
         default=None,
         min_length=SECRET_CHARS[0],
         max_length=SECRET_CHARS[1],
-        description="The key of each request's HMAC-SHA256 signature (`Bullpen-Signature`). "
-        "Required when creating; leave it out when changing the config to keep the current "
-        "one. Never shown again (the config shows `secret_hint`).",
+        json_schema_extra={"pattern": NO_NUL},
+        description="The key of each request's HMAC-SHA256 signature (`Bullpen-Signature`), "
+        "without NUL characters. Required when creating; leave it out when changing the "
+        "config to keep the current one. Never shown again (the config shows `secret_hint`).",
     )
     timeout_s: float = Field(
         default=DEFAULT_TIMEOUT_S,

@@ -71,7 +71,7 @@ from pydantic import (
     field_validator,
 )
 
-from bullpen.agents.base import RunContext, done
+from bullpen.agents.base import NO_NUL, RunContext, done, no_nul_secret
 from bullpen.agents.process_env import (
     ENV_ALLOW_DEFAULT,
     ENV_ALLOW_SETTING,
@@ -112,26 +112,19 @@ RESULT_MAX_CHARS = 1024 * 1024
 KILL_GRACE_S = 5.0
 _ERROR_LINE_MAX_CHARS = 500
 
-_NO_NUL = r"^[^\x00]*$"
-Argument = Annotated[str, StringConstraints(max_length=ARG_MAX_CHARS, pattern=_NO_NUL)]
+Argument = Annotated[str, StringConstraints(max_length=ARG_MAX_CHARS, pattern=NO_NUL)]
 AbsolutePath = Annotated[str, StringConstraints(max_length=ARG_MAX_CHARS, pattern=r"^/[^\x00]*$")]
 EnvName = Annotated[
     str,
     StringConstraints(min_length=1, max_length=ENV_NAME_MAX_CHARS, pattern=ENV_NAME_PATTERN),
 ]
-EnvValue = Annotated[str, StringConstraints(max_length=ENV_VALUE_MAX_CHARS, pattern=_NO_NUL)]
-
-
-def _no_nul(value: SecretStr) -> SecretStr:
-    if "\x00" in value.get_secret_value():
-        raise ValueError("must not contain NUL")  # the value itself is never quoted
-    return value
+EnvValue = Annotated[str, StringConstraints(max_length=ENV_VALUE_MAX_CHARS, pattern=NO_NUL)]
 
 
 SecretEnvValue = Annotated[
     SecretStr,
-    Field(max_length=ENV_VALUE_MAX_CHARS, json_schema_extra={"pattern": _NO_NUL}),
-    AfterValidator(_no_nul),
+    Field(max_length=ENV_VALUE_MAX_CHARS, json_schema_extra={"pattern": NO_NUL}),
+    AfterValidator(no_nul_secret),
 ]
 # Names outside the pattern are refused too (pydantic documents the pattern alone).
 _ENV_NAMES_SCHEMA: dict[str, Any] = {

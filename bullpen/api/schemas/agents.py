@@ -14,7 +14,6 @@ from pydantic import (
     ConfigDict,
     Field,
     GetJsonSchemaHandler,
-    SecretStr,
     StringConstraints,
     TypeAdapter,
     ValidationInfo,
@@ -23,8 +22,9 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
+from bullpen.agents.base import NO_NUL
 from bullpen.agents.configs import public_config
-from bullpen.agents.http import SECRET_CHARS, HttpAgentConfig
+from bullpen.agents.http import SECRET_CHARS, HttpAgentConfig, WebhookSecret
 from bullpen.agents.llm import APPROVAL_TOOLS_MAX, LOOP_REPEATS, MAX_STEPS, MAX_WALL_S, TOOL_NAME
 from bullpen.agents.mcp import GRANT_TOOLS_MAX, GRANTS_MAX, SERVER_NAME
 from bullpen.agents.process import ProcessAgentConfig
@@ -310,11 +310,12 @@ class LlmAgentCreate(_AgentFields):
 class NewHttpAgentConfig(HttpAgentConfig):
     """A new `http` agent's config: its `secret` is required."""
 
-    secret: SecretStr = Field(
+    secret: WebhookSecret = Field(
         min_length=SECRET_CHARS[0],
         max_length=SECRET_CHARS[1],
-        description="The key of each request's HMAC-SHA256 signature (`Bullpen-Signature`); "
-        "never shown again (the config shows `secret_hint`).",
+        json_schema_extra={"pattern": NO_NUL},
+        description="The key of each request's HMAC-SHA256 signature (`Bullpen-Signature`), "
+        "without NUL characters; never shown again (the config shows `secret_hint`).",
     )
 
 

@@ -296,3 +296,22 @@ async def test_a_json_body_escaping_a_lone_surrogate_is_422_not_500(
         f"{server.base_url}/api/v1/agents", data=body("\\ud83d\\ude00"), headers=headers
     ) as resp:
         assert resp.status == 201, await resp.text()
+
+
+async def test_an_http_agent_secret_with_nul_is_422_not_500(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    """PostgreSQL's jsonb cannot hold NUL, and the config keeps a hint of the secret: the
+    fuzzer's secret with one in it was a 500 there. It is refused, without quoting it."""
+    # Its hint (the last four characters) holds the NUL.
+    secret = "0123456789abcdef\x00"  # pragma: allowlist secret
+    body = {
+        "name": "nul-hook",
+        "adapter": "http",
+        "config": {"url": "https://example.com/hook", "secret": secret},
+    }
+    reply = await call(http, server, "POST", "/api/v1/agents", None, body)
+    found = problem(reply, 422)
+    assert found["errors"][0]["field"] == "config.secret", found
+    assert "0123456789" not in reply.text
+    assert await count(server, agents, agents.c.name == "nul-hook") == 0
