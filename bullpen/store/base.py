@@ -17,7 +17,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Hashable
+from collections.abc import AsyncIterator, Callable, Coroutine, Hashable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any, Protocol, TypeVar
 
@@ -55,6 +55,17 @@ def _unreachable(err: BaseException, detail: str | None = None) -> Unavailable |
     if detail is not None:
         return Unavailable(detail)
     return Unavailable("the database is unreachable; retry shortly", retry_after=1)
+
+
+@contextlib.contextmanager
+def _away_as_unavailable() -> Iterator[None]:
+    """Driver errors that mean the database is away leave as `Unavailable`; others as they are."""
+    try:
+        yield
+    except (*_UNAVAILABLE, exc.DBAPIError) as err:
+        if (unreachable := _unreachable(err)) is None:
+            raise
+        raise unreachable from err
 
 
 # Often: under a stream of writes the WAL grows by tens of MB a second, and what a checkpoint
@@ -452,7 +463,7 @@ class Store:
         if ambient is not None:
             yield ambient.conn
             return
-        try:
+        with _away_as_unavailable():
             if isinstance(self.engine, sa.Engine):
                 with self.engine.connect() as sync_conn, sync_conn.begin():
                     yield InlineConnection(sync_conn)
@@ -460,10 +471,6 @@ class Store:
             assert self._autocommit is not None
             async with self._autocommit.connect() as conn:
                 yield conn
-        except (*_UNAVAILABLE, exc.DBAPIError) as err:
-            if (unreachable := _unreachable(err)) is None:
-                raise
-            raise unreachable from err
 
     async def read_apart(self, query: Callable[[Connection], Coroutine[Any, Any, T]]) -> T:
         """`query(conn)` in a read-only transaction of its own, off the event loop: for an
@@ -482,12 +489,8 @@ class Store:
             with engine.connect() as sync_conn, sync_conn.begin():
                 return _at_once(query(InlineConnection(sync_conn)))
 
-        try:
+        with _away_as_unavailable():
             return await asyncio.to_thread(run)
-        except (*_UNAVAILABLE, exc.DBAPIError) as err:
-            if (unreachable := _unreachable(err)) is None:
-                raise
-            raise unreachable from err
 
     async def write_apart(self, work: Callable[[Connection], Coroutine[Any, Any, T]]) -> T:
         """`work(conn)` in a write transaction of its own, off the event loop: for upkeep that
@@ -507,12 +510,8 @@ class Store:
                 with sync_conn.begin():
                     return _at_once(work(InlineConnection(sync_conn)))
 
-        try:
+        with _away_as_unavailable():
             return await self._holding_write_turn(run)
-        except (*_UNAVAILABLE, exc.DBAPIError) as err:
-            if (unreachable := _unreachable(err)) is None:
-                raise
-            raise unreachable from err
 
     async def _holding_write_turn(self, fn: Callable[[], T]) -> T:
         """SQLite: `fn()` on a worker thread while this process's write lock is held."""
@@ -562,7 +561,7 @@ class Store:
                 yield conn
             return
         callbacks: list[Callable[[], None]] = []
-        try:
+        with _away_as_unavailable():
             async with self._begin_write() as conn:
                 tx = _Ambient(conn)
                 token = _AMBIENT.set(tx)
@@ -573,10 +572,6 @@ class Store:
                 finally:
                     _AMBIENT.reset(token)
                     callbacks = tx.after_commit
-        except (*_UNAVAILABLE, exc.DBAPIError) as err:
-            if (unreachable := _unreachable(err)) is None:
-                raise
-            raise unreachable from err
         for callback in callbacks:
             callback()
 
@@ -662,9 +657,9 @@ class Store:
             except sqlite3.Error as err:
                 log.warning("WAL checkpoint failed: %s", err)
 
-    async def checkpoint(self) -> bool:
+    async def checkpoint(self) -> None:
         """SQLite: checkpoint the WAL on a worker thread, and start it over once it has grown
-        past the limit (then True); a no-op on PostgreSQL or an in-memory database.
+        past the limit; a no-op on PostgreSQL or an in-memory database.
 
         A PASSIVE checkpoint never blocks the writer or a reader, but it never lets the log
         start over either while writes keep coming: a writer starts the WAL over only when
@@ -680,12 +675,9 @@ class Store:
         """
         path = self._sqlite_path
         if path is None or path == ":memory:":
-            return False
-        size = await asyncio.to_thread(_checkpoint, path)
-        if size <= self.wal_limit_bytes:
-            return False
-        await self._holding_write_turn(lambda: _truncate(path))
-        return True
+            return
+        if await asyncio.to_thread(_checkpoint, path) > self.wal_limit_bytes:
+            await self._holding_write_turn(lambda: _truncate(path))
 
 
 # How long the TRUNCATE checkpoint waits for readers of old frames, writers held meanwhile.
