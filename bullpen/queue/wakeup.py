@@ -8,7 +8,8 @@ notification lost while a listener reconnects.
 
 Both connect to PostgreSQL itself (`BULLPEN_DATABASE_DIRECT_URL`, by default the database URL):
 a pooler in transaction mode hands each transaction to any server connection, so a LISTEN
-made through it would hear nothing.
+made through it would hear nothing. asyncpg is imported when one starts, so a SQLite server
+never loads it.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any, Self
-
-import asyncpg
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +67,8 @@ class Notifier(_Background):
         self._wake.set()
 
     async def _run(self) -> None:
+        import asyncpg
+
         conn: Any = None
         try:
             while True:
@@ -112,6 +113,8 @@ class Listener(_Background):
         self._on_wake()
 
     async def _run(self) -> None:
+        import asyncpg
+
         while True:
             conn: Any = None
             try:

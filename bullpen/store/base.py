@@ -109,6 +109,20 @@ def dicts(result: CursorResult[Any]) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in result]
 
 
+def upsert_insert(dialect: str) -> Callable[[sa.Table], Any]:
+    """The `insert()` of `dialect` (a name), which has its ON CONFLICT clauses.
+
+    PostgreSQL's is imported on its first use, so a SQLite server never loads that dialect.
+    """
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+
+        return insert
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert
+
+
 class InlineConnection:
     """A SQLite transaction used directly on the event loop (no thread hop per statement)."""
 

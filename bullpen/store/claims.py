@@ -10,7 +10,6 @@ from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 
 from bullpen.domain.agents import AgentStatus
 from bullpen.domain.runs import ClaimedRun
@@ -335,7 +334,7 @@ async def _candidates(
 
     if postgres:  # one round trip: a LATERAL range scan per workspace
         wanted = (
-            sa.func.unnest(sa.cast(workspace_ids, postgresql.ARRAY(sa.Uuid)))
+            sa.func.unnest(sa.cast(workspace_ids, sa.ARRAY(sa.Uuid)))
             .table_valued("id")
             .render_derived(name="wanted")
         )

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import asyncpg
 import orjson
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -14,6 +13,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from bullpen.errors import Unavailable
 from bullpen.settings import Settings
 from bullpen.store.base import WRITE_OPTION, Store
+
+if TYPE_CHECKING:
+    import asyncpg
 
 # Connections are never held across an await, so a few suffice; a short timeout turns a
 # misuse (holding one while suspended) into an error instead of a stalled event loop.
@@ -63,6 +65,8 @@ def _pooled_connection(idle_ms: int) -> type[asyncpg.Connection]:
     once per connection. `SET LOCAL` rides in the BEGIN's own simple-query message (asyncpg's
     `Transaction.start` sends `BEGIN ...;` with `execute`): no extra round trip.
     """
+    import asyncpg  # here, not at the top: a SQLite server never loads the driver
+
     suffix = f" SET LOCAL idle_in_transaction_session_timeout = {int(idle_ms)};"
 
     class PooledConnection(asyncpg.Connection):  # type: ignore[misc]

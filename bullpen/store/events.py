@@ -8,7 +8,6 @@ from uuid import UUID
 
 import orjson
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 
 from bullpen.domain.events import EventKind, RunEvent
 from bullpen.domain.status import TERMINAL_RUN, RunStatus
@@ -18,12 +17,12 @@ from bullpen.store.tables import UTCDateTime, run_events, runs, tasks
 _INSERT = run_events.insert()
 # A batch of events as arrays, one a column, unnested by the statements below.
 _EVENT_ARRAYS = (
-    sa.bindparam("runs", type_=postgresql.ARRAY(sa.Uuid)),
-    sa.bindparam("seqs", type_=postgresql.ARRAY(sa.Integer)),
-    sa.bindparam("workspaces", type_=postgresql.ARRAY(sa.Uuid)),
-    sa.bindparam("tasks", type_=postgresql.ARRAY(sa.Uuid)),
-    sa.bindparam("kinds", type_=postgresql.ARRAY(sa.String)),
-    sa.bindparam("datas", type_=postgresql.ARRAY(sa.Text)),
+    sa.bindparam("runs", type_=sa.ARRAY(sa.Uuid)),
+    sa.bindparam("seqs", type_=sa.ARRAY(sa.Integer)),
+    sa.bindparam("workspaces", type_=sa.ARRAY(sa.Uuid)),
+    sa.bindparam("tasks", type_=sa.ARRAY(sa.Uuid)),
+    sa.bindparam("kinds", type_=sa.ARRAY(sa.String)),
+    sa.bindparam("datas", type_=sa.ARRAY(sa.Text)),
     sa.bindparam("now", type_=UTCDateTime),
 )
 _PG_APPEND = sa.text(
@@ -93,9 +92,9 @@ _PG_APPEND_FENCED = sa.text(
     "WHERE a IS NULL OR EXISTS (SELECT 1 FROM held WHERE held.id = u.r AND held.attempt = u.a)) "
     "SELECT id, attempt FROM held"
 ).bindparams(
-    sa.bindparam("fenced", type_=postgresql.ARRAY(sa.Uuid)),
+    sa.bindparam("fenced", type_=sa.ARRAY(sa.Uuid)),
     sa.bindparam("running", value=RunStatus.RUNNING.value, type_=sa.String),
-    sa.bindparam("attempts", type_=postgresql.ARRAY(sa.Integer)),
+    sa.bindparam("attempts", type_=sa.ARRAY(sa.Integer)),
     *_EVENT_ARRAYS,
 )
 

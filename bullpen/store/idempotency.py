@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime
@@ -9,10 +10,9 @@ from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 
 from bullpen.domain.records.audit import IdempotencyRecord
-from bullpen.store.base import Connection
+from bullpen.store.base import Connection, upsert_insert
 from bullpen.store.tables import idempotency_keys
 
 
@@ -58,10 +58,11 @@ _CLAIM = sa.select(
     *idempotency_keys.c,
 ).select_from(_ONE.outerjoin(idempotency_keys, _SCOPE))
 _FORGET = idempotency_keys.delete().where(_SCOPE)
-_STORE = {
-    "postgresql": postgresql.insert(idempotency_keys).on_conflict_do_nothing(),
-    "sqlite": sqlite.insert(idempotency_keys).on_conflict_do_nothing(),
-}
+
+
+@functools.cache
+def _store_statement(dialect: str) -> Any:
+    return upsert_insert(dialect)(idempotency_keys).on_conflict_do_nothing()
 
 
 async def claim(
@@ -113,7 +114,7 @@ async def store(
         "created_at": now,
         "expires_at": expires_at,
     }
-    result = await conn.execute(_STORE[dialect], values)
+    result = await conn.execute(_store_statement(dialect), values)
     return int(result.rowcount) == 1
 
 

@@ -37,9 +37,15 @@ from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 
-from bullpen.store.base import WRITE_OPTION, Connection, InlineConnection, after_commit, deferred
+from bullpen.store.base import (
+    WRITE_OPTION,
+    Connection,
+    InlineConnection,
+    after_commit,
+    deferred,
+    upsert_insert,
+)
 from bullpen.store.tables import api_keys, cost_days, cost_events, runs, ttft_hours
 
 NO_ID = UUID(int=0)  # the agent or API key of a call without one
@@ -221,7 +227,7 @@ def wrote_hours(conn: Connection, hours: Iterable[tuple[UUID, datetime]]) -> Non
 def _upsert(conn: Connection, table: sa.Table, key: Sequence[str], sums: Sequence[str]) -> Any:
     """`INSERT … ON CONFLICT (key) DO UPDATE SET s = s + excluded.s` for each sum, with one
     bind parameter per column (run with many rows: one statement, one round trip)."""
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    insert = upsert_insert(conn.dialect.name)
     columns = [*key, *sums]
     statement = insert(table).values(
         {name: sa.bindparam(name, type_=table.c[name].type) for name in columns}

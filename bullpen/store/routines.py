@@ -15,11 +15,10 @@ from uuid import UUID
 
 import sqlalchemy as sa
 from sqlalchemy import exc
-from sqlalchemy.dialects import postgresql, sqlite
 
 from bullpen.domain.records import RoutineFireRecord, RoutineRecord
 from bullpen.errors import Conflict
-from bullpen.store.base import Connection
+from bullpen.store.base import Connection, upsert_insert
 from bullpen.store.paging import Page, keyset
 from bullpen.store.tables import routine_fires, routines
 
@@ -168,9 +167,8 @@ async def claim_slot(
     now: datetime,
 ) -> bool:
     """Record the routine's fire of `slot_at`; False if that slot was already recorded."""
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     statement = (
-        dialect.insert(routine_fires)
+        upsert_insert(conn.dialect.name)(routine_fires)
         .values(
             routine_id=routine_id,
             workspace_id=workspace_id,

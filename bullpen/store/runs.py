@@ -11,7 +11,6 @@ from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 
 from bullpen.domain.approvals import ApprovalKind
 from bullpen.domain.records import RunRecord
@@ -30,7 +29,7 @@ def _among(conn: Connection, column: sa.Column[UUID], ids: list[UUID]) -> sa.Col
     whatever the number of ids, where IN would be a new statement for every count (a worker's
     fence, lease renewal and cancel poll pass hundreds or thousands of run ids)."""
     if conn.dialect.name == "postgresql":
-        return column == sa.any_(sa.literal(ids, type_=postgresql.ARRAY(sa.Uuid)))
+        return column == sa.any_(sa.literal(ids, type_=sa.ARRAY(sa.Uuid)))
     return column.in_(ids)
 
 

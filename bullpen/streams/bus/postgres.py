@@ -5,6 +5,7 @@ events travel as stubs and their readers fetch them from the store. Sending uses
 connection and one statement per batch; listening holds another, pinged every 30 s so a
 silently dropped connection is noticed. Both reach PostgreSQL itself
 (`BULLPEN_DATABASE_DIRECT_URL`), never a transaction-mode pooler, where LISTEN hears nothing.
+asyncpg is imported on the first connection, so a SQLite server never loads it.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from typing import Any
-
-import asyncpg
 
 from bullpen.streams.bus.shared import Deliver
 
@@ -36,6 +35,8 @@ class PgNotify:
 
     async def send(self, payloads: list[bytes]) -> None:
         """NOTIFY each payload, in order, in one statement."""
+        import asyncpg
+
         try:
             if self._conn is None or self._conn.is_closed():
                 self._conn = await asyncpg.connect(self._dsn)
@@ -46,6 +47,8 @@ class PgNotify:
 
     async def listen(self, deliver: Deliver, connected: Callable[[], None]) -> None:
         """LISTEN until the connection is lost."""
+        import asyncpg
+
         conn = await asyncpg.connect(self._dsn)
         try:
             lost = asyncio.Event()
