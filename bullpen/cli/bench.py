@@ -14,9 +14,8 @@ from typing import Annotated, Any
 
 import typer
 import uvloop
-from rich.console import Console
 
-from bullpen.cli.output import console
+from bullpen.cli.output import console, print_table
 
 __all__ = ["bench"]
 
@@ -366,7 +365,7 @@ def bench_reference(
                 result = await run_load(
                     base_url, key, agent, stages, think_s=think, on_tick=progress.update
                 )
-            Console(width=max(Console().width, 150)).print(render_table(result))
+            print_table(render_table(result), 150)
         return to_json(result)
 
     async def run() -> dict[str, Any]:
@@ -461,7 +460,7 @@ def bench_reference_compare(
     if as_json:
         print(json.dumps(comparison.as_dict()), flush=True)
     else:
-        Console(width=max(Console().width, 130)).print(render_reference_table(comparison))
+        print_table(render_reference_table(comparison), 130)
 
 
 def _counts(value: str, option: str) -> list[int]:
@@ -535,7 +534,7 @@ def bench_create(
     if as_json:
         print(json.dumps(comparison.as_dict()), flush=True)
     else:
-        Console(width=max(Console().width, 110)).print(render_create_table(comparison))
+        print_table(render_create_table(comparison), 110)
 
 
 def bench_queue(

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.modules import listing_env, loaded_modules
 from tests.support.processes import free_port, wait_until_listening
 
 
@@ -19,6 +20,7 @@ def _env(data_dir: Path) -> dict[str, str]:
         BULLPEN_DATA_DIR=str(data_dir),
         BULLPEN_SIM_TTFT_MS="20",
         BULLPEN_SIM_TOKENS_PER_SECOND="500",
+        **listing_env(data_dir.parent / "modules"),
     )
     return env
 
@@ -103,6 +105,13 @@ def _up_and_run_the_curl_line(env: dict[str, str], **shell_env: str) -> str:
         assert "event: text" in streamed
         assert 'event: end\ndata: {"status":"done"}' in streamed
         assert streamed.rstrip().endswith('data: {"reason":"task-ended","status":"done"}')
+        # A server that printed its banner and served a task has not loaded rich (the CLI's
+        # tables and errors use it) nor PostgreSQL's driver: each is memory for nothing. (A
+        # first start runs the migrations, which name PostgreSQL's types: the dialect is
+        # checked in test_reference_scenario.py, on a server started after `bullpen init`.)
+        loaded = loaded_modules(proc.pid, Path(env["BULLPEN_TEST_MODULES_DIR"]))
+        assert "bullpen.api.app" in loaded
+        assert not {"rich", "asyncpg"} & loaded
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=20)

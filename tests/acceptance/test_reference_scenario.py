@@ -9,8 +9,6 @@ the text the client streamed.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 from pathlib import Path
 
 import aiohttp
@@ -19,6 +17,7 @@ import pytest
 from bullpen.bench.loadgen import run_load
 from bullpen.bench.spawn import spawn_server
 from bullpen.bench.stages import Stage
+from tests.support.modules import listing_env, loaded_modules
 from tests.support.postgres import PG_ADMIN_URL
 
 STAGES = [Stage(1.5, 6, "ramp"), Stage(3.0, 6, "hold"), Stage(0.5, 0, "down")]
@@ -26,12 +25,10 @@ STAGES = [Stage(1.5, 6, "ramp"), Stage(3.0, 6, "hold"), Stage(0.5, 0, "down")]
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 async def test_every_task_ends_done_with_the_streamed_text(backend: str, tmp_path: Path) -> None:
-    (tmp_path / "sitecustomize.py").write_text(_LIST_MODULES_ON_SIGUSR2)
     env = {
         "BULLPEN_SIM_TTFT_MS": "40",
         "BULLPEN_SIM_TOKENS_PER_SECOND": "400",
-        "PYTHONPATH": str(tmp_path),
-        "BULLPEN_TEST_MODULES_DIR": str(tmp_path),
+        **listing_env(tmp_path),
     }
     async with spawn_server(backend, pg_admin_url=PG_ADMIN_URL, env=env) as server:  # type: ignore[arg-type]
         result = await run_load(
@@ -58,27 +55,6 @@ async def test_every_task_ends_done_with_the_streamed_text(backend: str, tmp_pat
                 assert task["run"]["output_tokens"] == 64
         # PostgreSQL's driver and SQLAlchemy's dialect for it are imported only where they
         # are used: on SQLite they would be memory for nothing (about 7 MB).
-        listed = tmp_path / f"modules-{server.pid}.txt"
-        os.kill(server.pid, signal.SIGUSR2)
-        for _ in range(100):
-            if listed.exists():
-                break
-            await asyncio.sleep(0.05)
-        loaded = set(listed.read_text().split())
+        loaded = await asyncio.to_thread(loaded_modules, server.pid, tmp_path)
         for module in ("asyncpg", "sqlalchemy.dialects.postgresql"):
             assert (module in loaded) is (backend == "postgres"), module
-
-
-# Imported first by each process the bench starts (init, simulator, server): on SIGUSR2 it
-# lists the modules it has loaded, in a file named after its pid.
-_LIST_MODULES_ON_SIGUSR2 = """
-import os, signal, sys
-
-def _list(*_args, folder=os.environ["BULLPEN_TEST_MODULES_DIR"]):
-    path = os.path.join(folder, f"modules-{os.getpid()}.txt")
-    with open(path + ".part", "w") as out:
-        out.write("\\n".join(sorted(sys.modules)))
-    os.replace(path + ".part", path)
-
-signal.signal(signal.SIGUSR2, _list)
-"""
