@@ -209,16 +209,30 @@ async def seed_tenant(store: Store, secret: bytes, csrf: Any, now: datetime, lab
 
 async def drop_tenant(store: Store, tenant: Tenant) -> None:
     """Delete a tenant's workspace and those of its users who belong to no other workspace, so
-    that reseeding does not grow the database (`fingerprint` reads all of it)."""
+    that reseeding does not grow the database (`fingerprint` reads all of it).
+
+    The last request may still be settling in the server (a relayed call's ledger row and its
+    rollups): on PostgreSQL that write and this delete can deadlock, and the delete, if it is
+    the one PostgreSQL stops, is made again."""
     user_ids = [
         uuid.UUID(value)
         for name, value in tenant.objects.items()
         if name.endswith("_user") or name in ("member", "loner")
     ]
-    async with store.write() as conn:
-        await workspace_store.delete_workspace(conn, uuid.UUID(tenant.objects["workspace"]))
-        still_member = sa.exists().where(memberships.c.user_id == users.c.id)
-        await conn.execute(users.delete().where(users.c.id.in_(user_ids), ~still_member))
+    for attempt in range(1, _DROP_ATTEMPTS + 1):
+        try:
+            async with store.write() as conn:
+                await workspace_store.delete_workspace(conn, uuid.UUID(tenant.objects["workspace"]))
+                still_member = sa.exists().where(memberships.c.user_id == users.c.id)
+                await conn.execute(users.delete().where(users.c.id.in_(user_ids), ~still_member))
+            return
+        except sa.exc.DBAPIError as err:
+            if attempt == _DROP_ATTEMPTS or getattr(err.orig, "sqlstate", None) != _DEADLOCK:
+                raise
+
+
+_DROP_ATTEMPTS = 3
+_DEADLOCK = "40P01"  # PostgreSQL's deadlock_detected
 
 
 async def _gateway(
