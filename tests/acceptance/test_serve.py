@@ -127,8 +127,11 @@ def _server_side_inode(port: int, client_port: int) -> str:
 
 
 def _holds(pid: int, inode: str) -> bool:
-    fds = Path(f"/proc/{pid}/fd")
-    for fd in fds.iterdir():
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except FileNotFoundError:  # gone since it was listed (a child just killed): holds nothing
+        return False
+    for fd in fds:
         try:
             if os.readlink(fd) == f"socket:[{inode}]":
                 return True
