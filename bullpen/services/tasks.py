@@ -394,9 +394,10 @@ class TaskService:
             except (NotFound, Conflict):
                 raise Conflict("the task's agent is not active") from None
             await self._admission.check_backlog(conn, principal.workspace_id)
-            await task_store.set_task_status(
+            if not await task_store.set_task_status(
                 conn, task_id, TaskStatus.QUEUED, now, result=None, error=None
-            )
+            ):  # another retry queued it since it was read
+                raise Conflict("the task changed state meanwhile; fetch it and retry")
             run = await task_store.insert_run(
                 conn, task_id, principal.workspace_id, agent.id, now, priority=task.priority
             )

@@ -19,6 +19,7 @@ from uuid import UUID
 from bullpen.domain.events import EventKind, RunEvent
 from bullpen.errors import BullpenError
 from bullpen.store import events as event_store
+from bullpen.store import runs as run_store
 from bullpen.store.base import Connection, Store
 from bullpen.streams.bus.base import Bus
 
@@ -136,6 +137,9 @@ class EventLog:
         self._committing: frozenset[RunWriter] = frozenset()
         self._urgent = asyncio.Event()
         self._finals: list[_Final] = []
+        # The last commit failed, so what it sent may be stored anyway: the server may have
+        # committed it and the reply been lost. The next commit sends only what is not.
+        self._unsure = False
         self.commits = 0
 
     def writer(
@@ -269,11 +273,13 @@ class EventLog:
                         self._clock(),
                     )
             except BaseException as err:
+                self._unsure = True
                 self._requeue(drained)
                 for final in finals:
                     if not final.done.done():
                         final.done.set_exception(err)
                 raise
+            self._unsure = False
             self.commits += 1
             for writer in lost:
                 writer.fence_failed()
@@ -301,14 +307,35 @@ class EventLog:
         the fenced writers that lost it (their events are refused, and dropped from
         `drained`). On PostgreSQL the held runs stay share-locked until this commits, so no
         re-queue or claim can slip in between the check and the insert."""
-        events = [e for evs in drained.values() for e in evs]
-        owners = [w.workspace_id for w, evs in drained.items() for _ in evs]
-        attempts = [w.attempt for w, evs in drained.items() for _ in evs]
+        unstored, lost = await self._unstored(conn, drained) if self._unsure else (drained, [])
+        events = [e for evs in unstored.values() for e in evs]
+        owners = [w.workspace_id for w, evs in unstored.items() for _ in evs]
+        attempts = [w.attempt for w, evs in unstored.items() for _ in evs]
         held = await event_store.append_fenced(conn, events, owners, attempts, self._clock())
-        lost = [w for w in drained if w.attempt is not None and held.get(w.run_id) != w.attempt]
+        lost += [w for w in unstored if w.attempt is not None and held.get(w.run_id) != w.attempt]
         for writer in lost:
             del drained[writer]
         return lost
+
+    async def _unstored(
+        self, conn: Connection, drained: dict[RunWriter, list[RunEvent]]
+    ) -> tuple[dict[RunWriter, list[RunEvent]], list[RunWriter]]:
+        """After a commit whose outcome is unknown: each writer's events that are not stored
+        yet, and the fenced writers whose attempt no longer holds its run. Sending again what
+        the lost commit stored would break the (run, seq) key on every try after it."""
+        stored = await event_store.last_seqs(conn, [w.run_id for w in drained])
+        fenced = [w.run_id for w in drained if w.attempt is not None]
+        held = await run_store.holders(conn, fenced)
+        unstored: dict[RunWriter, list[RunEvent]] = {}
+        lost: list[RunWriter] = []
+        for writer, events in drained.items():
+            if writer.attempt is not None and held.get(writer.run_id) != writer.attempt:
+                lost.append(writer)
+                continue
+            after = stored.get(writer.run_id, 0)
+            if fresh := [e for e in events if e.seq > after]:
+                unstored[writer] = fresh
+        return unstored, lost
 
     def _requeue(self, drained: dict[RunWriter, list[RunEvent]]) -> None:
         # Put drained events back in front so order and seq survive a failed commit.

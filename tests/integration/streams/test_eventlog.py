@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import sqlalchemy as sa
@@ -12,7 +14,7 @@ from bullpen.domain.events import EventKind
 from bullpen.store import claims as claim_store
 from bullpen.store import events as event_store
 from bullpen.store.base import Connection, Store
-from bullpen.store.tables import run_events
+from bullpen.store.tables import run_events, runs
 from bullpen.streams.bus.memory import MemoryBus
 from bullpen.streams.eventlog import EventLog, RunWriter
 from tests.support.seed import NOW, new_task, workspace_with_agent
@@ -187,3 +189,92 @@ async def test_a_writers_events_and_its_end_commit_in_order_behind_another_runs_
         (7, EventKind.END),
     ]
     assert [(e.seq, e.kind) for e in got] == stored
+
+
+class _ReplyLost:
+    """The store, except that the first `autocommit()` fails after its statement committed:
+    the database has the rows, the event log only an error (a reply lost on the wire)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.lost = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    @contextlib.asynccontextmanager
+    async def autocommit(self) -> AsyncIterator[Connection]:
+        async with self._store.write() as conn:
+            yield conn
+        if not self.lost:
+            self.lost += 1
+            raise ConnectionResetError("the reply to COMMIT was lost")
+
+
+async def test_a_commit_whose_reply_was_lost_is_not_stored_twice(store: Store) -> None:
+    """The first commit of a fenced writer's events lands but its caller hears an error. The
+    next commits send only what is not stored: the run's later events and its end commit, and
+    the log and the bus hold each seq once, in order."""
+    ws, task_id, run_id = await _run(store)
+    async with store.write() as conn:
+        (claimed,) = (await claim_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)).runs
+    flaky = _ReplyLost(store)
+
+    async def accepted(conn: Connection) -> bool:
+        return True
+
+    bus = MemoryBus()
+    with bus.open(task_id, ws) as live:
+        async with EventLog(flaky, bus, coalesce_s=0.0, clock=lambda: NOW) as log:  # type: ignore[arg-type]
+            writer = log.writer(run_id, task_id, ws, last_seq=0, attempt=claimed.attempt)
+            writer.emit(EventKind.STATUS, {"status": "running"})
+            writer.text("stored once")
+            await log.flush(writer)
+            writer.emit(EventKind.USAGE, {"output_tokens": 2})
+            async with asyncio.timeout(10):
+                assert await log.commit_final(writer, EventKind.END, {"status": "done"}, accepted)
+            got = []
+            while (event := await live.get(0.5)) is not None:
+                got.append(event)
+    assert flaky.lost == 1 and not writer.lost
+    async with store.read() as conn:
+        stored = [
+            (e.seq, e.kind)
+            for e in await event_store.after(conn, run_id=run_id, after_seq=0, limit=20)
+        ]
+    assert stored == [
+        (1, EventKind.STATUS),
+        (2, EventKind.TEXT),
+        (3, EventKind.USAGE),
+        (4, EventKind.END),
+    ]
+    assert [(e.seq, e.kind) for e in got] == stored
+
+
+async def test_after_a_lost_reply_a_writer_whose_attempt_lost_the_run_is_told(
+    store: Store,
+) -> None:
+    """What the lost commit stored is not sent again, and a writer whose run another attempt
+    took meanwhile is refused rather than published as if its events were stored now."""
+    ws, task_id, run_id = await _run(store)
+    async with store.write() as conn:
+        (claimed,) = (await claim_store.claim(conn, owner="w", limit=1, now=NOW, lease=LEASE)).runs
+    flaky = _ReplyLost(store)
+    lost: list[bool] = []
+    bus = MemoryBus()
+    async with EventLog(flaky, bus, coalesce_s=0.0, clock=lambda: NOW) as log:  # type: ignore[arg-type]
+        writer = log.writer(
+            run_id, task_id, ws, 0, attempt=claimed.attempt, on_lost=lambda: lost.append(True)
+        )
+        writer.text("stored by the lost commit")
+        # Another attempt takes the run before the log sends again (it waits 0.5 s).
+        await asyncio.sleep(0.1)
+        async with store.write() as conn:
+            await conn.execute(
+                runs.update().where(runs.c.id == run_id).values(attempt=runs.c.attempt + 1)
+            )
+        await log.flush(writer)
+    assert flaky.lost == 1 and lost == [True] and writer.lost
+    async with store.read() as conn:
+        stored = await event_store.after(conn, run_id=run_id, after_seq=0, limit=20)
+    assert [(e.seq, e.data) for e in stored] == [(1, {"text": "stored by the lost commit"})]
