@@ -3,11 +3,17 @@
 A key is scoped to (workspace, caller, method and path). The request's fingerprint (a hash of
 its canonical JSON body) and its outcome are stored in the *same transaction* as the rows the
 request creates, so a crash before commit leaves nothing behind and the key can simply be
-retried. While the first request holds the key (a PostgreSQL advisory lock; SQLite's single
-writer serialises anyway), a duplicate gets 409 with `Retry-After`. Replays return the stored
-status and body with `Idempotent-Replayed: true`; the same key with another body is 422.
-Successes and 4xx outcomes of the operation itself are stored; 401/403/409/429 and 5xx are not,
-so the key stays usable. Outcomes expire after `BULLPEN_IDEMPOTENCY_TTL_S` (24 h).
+retried.
+
+The key is checked when the outcome is stored, not before the operation: a first use (nearly
+every keyed request) costs one statement, the insert of its outcome. A request whose key has
+an outcome already has its own work rolled back and answers with the stored one: the stored
+status and body with `Idempotent-Replayed: true`, or 422 if the body differs. A duplicate sent
+while the first is still in flight waits for it (PostgreSQL: the insert of the key waits for
+the transaction holding it; SQLite: one writer at a time), then gets its replay. Successes and
+4xx outcomes of the operation itself are stored; 401/403/409/429 and 5xx are not, so the key
+stays usable. Outcomes expire after `BULLPEN_IDEMPOTENCY_TTL_S` (24 h); an expired one is
+replaced by the next use's.
 """
 
 from __future__ import annotations
@@ -24,10 +30,10 @@ import orjson
 from fastapi import Depends, Header, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
-from sqlalchemy import exc as sa_exc
 
 from bullpen.api import problems
 from bullpen.api.deps import ServicesDep
+from bullpen.api.problems import Replayed
 from bullpen.app import Services
 from bullpen.domain.principal import NO_WORKSPACE, Principal
 from bullpen.errors import (
@@ -72,15 +78,17 @@ class IdempotentWrite:
         self._body = body  # the request as sent, fingerprinted as canonical JSON
         self._instance = instance  # a stored problem's `instance`
         self._outcome: _Outcome | None = None
-        self._operating = False  # errors from here on are the operation's own outcome
-        self.replayed: Response | None = None
 
     @asynccontextmanager
     async def begin(
         self, principal: Principal, *, turn: Hashable | None = None
     ) -> AsyncIterator[IdempotentWrite]:
-        """Open the write transaction; `replayed` is set when a stored outcome answers.
-        `turn` is the transaction's `Store.write` key."""
+        """Open the write transaction for the operation; with a key, its outcome is stored in
+        it. `turn` is the transaction's `Store.write` key.
+
+        Raises `Replayed` in place of the operation's answer when the key has a stored outcome
+        already: the operation's work is rolled back and the stored outcome answers.
+        """
         if self._key is None:
             async with self._svc.store.write(turn=turn):
                 yield self
@@ -91,37 +99,32 @@ class IdempotentWrite:
                 "`Idempotency-Key` needs a workspace to act in: accept an invitation and switch "
                 "to it first, or send the request without the header"
             )
-        scope = keys.Scope(
-            principal.workspace_id,
-            principal.scope_id,
-            self._route,
-            self._key,
-        )
+        scope = keys.Scope(principal.workspace_id, principal.scope_id, self._route, self._key)
         fingerprint = hashlib.sha256(_canonical(await self._body())).digest()
         try:
             async with self._svc.store.write(turn=turn) as conn:
-                locked, row = await keys.claim(conn, scope, self._svc.store.dialect)
-                if not locked:
-                    raise IdempotencyKeyInUse(
-                        "a request with this Idempotency-Key is still in progress",
-                        retry_after=1,
-                    )
-                self.replayed = await self._replay(conn, scope, row, fingerprint)
-                self._operating = self.replayed is None
                 yield self
-                if self.replayed is None and self._outcome is not None:
+                if self._outcome is not None:
                     if not await self._store(conn, scope, fingerprint, self._outcome):
-                        self._operating = False  # roll back: the first request's outcome stands
-                        raise _just_completed()
+                        raise _Taken  # roll back: the key's first outcome stands
+        except _Taken:
+            raise Replayed(await self._replay(scope, fingerprint)) from None
         except BullpenError as err:
-            if self._operating and 400 <= err.status < 500 and err.status not in _NOT_STORED:
+            if not 400 <= err.status < 500:
+                raise
+            # The operation refused. A first outcome stored under the key answers instead
+            # (this request repeated one that has since changed what the operation sees).
+            if err.status in _NOT_STORED:
+                stored = await self._stored(scope, fingerprint)
+            else:
                 response = problems.from_error(err, self._instance)
                 outcome = _Outcome(err.status, {}, bytes(response.body))
                 async with self._svc.store.write() as conn:
-                    await self._store(conn, scope, fingerprint, outcome)
+                    taken = not await self._store(conn, scope, fingerprint, outcome)
+                stored = await self._replay(scope, fingerprint) if taken else None
+            if stored is not None:
+                raise Replayed(stored) from None
             raise
-        except sa_exc.IntegrityError as err:  # a concurrent first use won the insert
-            raise _just_completed() from err
 
     def respond(
         self,
@@ -142,15 +145,21 @@ class IdempotentWrite:
         self._outcome = _Outcome(status, headers, kept)
         return Response(payload, status_code=status, media_type="application/json", headers=headers)
 
-    async def _replay(
-        self, conn: Any, scope: keys.Scope, row: Any | None, fingerprint: bytes
-    ) -> Response | None:
-        if row is None:
+    async def _replay(self, scope: keys.Scope, fingerprint: bytes) -> Response:
+        """The stored outcome that made this request's own one lose, as a replay."""
+        stored = await self._stored(scope, fingerprint)
+        if stored is None:  # expired and removed since: the key is free again
+            raise _just_completed()
+        return stored
+
+    async def _stored(self, scope: keys.Scope, fingerprint: bytes) -> Response | None:
+        """The replay of the key's stored outcome; None when it has none (or one expired).
+        The same key with another request body is 422."""
+        async with self._svc.store.read() as conn:
+            row = await keys.find(conn, scope)
+        if row is None or row.expires_at <= self._svc.clock():
             return None
-        if row.expires_at <= self._svc.clock():
-            await keys.forget(conn, scope)
-            return None
-        if bytes(row.fingerprint) != fingerprint:
+        if row.fingerprint != fingerprint:
             raise IdempotencyKeyMismatch(
                 "this Idempotency-Key was already used with a different request body",
                 errors=[
@@ -164,7 +173,7 @@ class IdempotentWrite:
             )
         media = "application/json" if row.status_code < 400 else problems.MEDIA_TYPE
         return Response(
-            bytes(row.body),
+            row.body,
             status_code=row.status_code,
             media_type=media,
             headers={**row.headers, REPLAYED: "true"},
@@ -185,6 +194,10 @@ class IdempotentWrite:
             now=now,
             expires_at=now + timedelta(seconds=self._svc.settings.idempotency_ttl_s),
         )
+
+
+class _Taken(Exception):
+    """The key has a stored outcome: this request's own one is rolled back."""
 
 
 def _just_completed() -> IdempotencyKeyInUse:
@@ -213,8 +226,8 @@ async def idempotent_write(
             description=(
                 "Makes this POST safe to retry: 1–255 printable ASCII characters, unique per "
                 "request. A retry with the same key and body replays the first outcome "
-                f"(`{REPLAYED}: true`); another body is 422; while the first is in progress, "
-                "409 with `Retry-After`. Kept for 24 h."
+                f"(`{REPLAYED}: true`); another body is 422; a retry sent while the first is "
+                "in progress waits for it, then replays it. Kept for 24 h."
             ),
             json_schema_extra={"minLength": 1, "maxLength": KEY_MAX, "pattern": "^[ -~]+$"},
         ),

@@ -192,7 +192,22 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     )
 
 
+class Replayed(Exception):
+    """A stored outcome that answers in place of the handler's own: an `Idempotency-Key`'s
+    replay (`IdempotentWrite.begin`)."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__("replayed")
+        self.response = response
+
+
+async def _replayed(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Replayed)
+    return exc.response
+
+
 _HANDLERS: tuple[tuple[type[Exception], Handler], ...] = (
+    (Replayed, _replayed),
     (BullpenError, _bullpen_error),
     (RequestValidationError, _validation_error),
     (StarletteHTTPException, _http_error),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -25,11 +24,6 @@ class Scope:
     route: str
     key: str
 
-    def lock_id(self) -> int:
-        """A signed 64-bit id for a PostgreSQL advisory lock on this scope."""
-        text = f"{self.workspace_id}\0{self.principal}\0{self.route}\0{self.key}"
-        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big", signed=True)
-
     def params(self) -> dict[str, Any]:
         """The bound values of `_SCOPE` for this scope."""
         return {
@@ -49,44 +43,27 @@ _SCOPE = sa.and_(
     _c.key == sa.bindparam("scope_key"),
 )
 _FIND = sa.select(idempotency_keys).where(_SCOPE)
-# One row always (the lock's answer), with the stored outcome's columns when there is one. The
-# row source is a literal subquery, not VALUES: a VALUES with data is not cached, and the
-# statement was compiled afresh on every create (8 % of its CPU in a profile, issue 21).
-_ONE = sa.select(sa.literal_column("1").label("one")).subquery("one")
-_CLAIM = sa.select(
-    sa.func.pg_try_advisory_xact_lock(sa.bindparam("lock_id", type_=sa.BigInteger)).label("locked"),
-    *idempotency_keys.c,
-).select_from(_ONE.outerjoin(idempotency_keys, _SCOPE))
-_FORGET = idempotency_keys.delete().where(_SCOPE)
+# Only the key's first outcome is kept: a conflicting insert stores nothing, unless the stored
+# outcome has expired, which the new one replaces. On PostgreSQL an insert that meets the key
+# of a transaction still in flight waits for it to end, so two requests with one key store
+# one outcome between them.
+_UPDATABLE = ("fingerprint", "status_code", "headers", "body", "created_at", "expires_at")
 
 
 @functools.cache
 def _store_statement(dialect: str) -> Any:
-    return upsert_insert(dialect)(idempotency_keys).on_conflict_do_nothing()
+    insert = upsert_insert(dialect)(idempotency_keys)
+    return insert.on_conflict_do_update(
+        index_elements=[_c.workspace_id, _c.principal, _c.route, _c.key],
+        set_={name: insert.excluded[name] for name in _UPDATABLE},
+        where=_c.expires_at <= insert.excluded.created_at,
+    )
 
 
-async def claim(
-    conn: Connection, scope: Scope, dialect: str
-) -> tuple[bool, IdempotencyRecord | None]:
-    """Hold the scope until the transaction ends and read its stored outcome, if any.
-
-    Returns (False, None) when another transaction holds the scope. On PostgreSQL the advisory
-    lock and the lookup are one round trip; an outcome committed by another transaction between
-    the lookup's snapshot and the lock is caught when `store` finds the key taken. SQLite needs
-    no lock: its single writer already serialises every write transaction.
-    """
-    if dialect != "postgresql":
-        found = (await conn.execute(_FIND, scope.params())).first()
-        return True, (IdempotencyRecord.of(found._mapping) if found is not None else None)
-    row = (await conn.execute(_CLAIM, {**scope.params(), "lock_id": scope.lock_id()})).one()
-    if not row.locked:
-        return False, None
-    return True, (IdempotencyRecord.of(row._mapping) if row.key is not None else None)
-
-
-async def forget(conn: Connection, scope: Scope) -> None:
-    """Drop this scope's stored outcome (it expired)."""
-    await conn.execute(_FORGET, scope.params())
+async def find(conn: Connection, scope: Scope) -> IdempotencyRecord | None:
+    """The scope's stored outcome, if any (expired or not)."""
+    found = (await conn.execute(_FIND, scope.params())).first()
+    return IdempotencyRecord.of(found._mapping) if found is not None else None
 
 
 async def store(
@@ -101,7 +78,8 @@ async def store(
     now: datetime,
     expires_at: datetime,
 ) -> bool:
-    """Record an outcome unless one exists; True if this call stored it."""
+    """Record an outcome unless one that has not expired by `now` exists; True if this call
+    stored it."""
     values = {
         "workspace_id": scope.workspace_id,
         "principal": scope.principal,

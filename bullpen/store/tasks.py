@@ -322,8 +322,12 @@ def _queued_run(
     }
 
 
+# A queued run's columns that its insert leaves to their defaults.
+_RUN_DEFAULTS: dict[str, Any] = {**{c.name: None for c in runs.c}, "lost_leases": 0}
+
+
 def _stored_run(run: dict[str, Any]) -> RunRecord:
-    return RunRecord.of({**{c.name: None for c in runs.c}, "lost_leases": 0, **run})
+    return RunRecord.of({**_RUN_DEFAULTS, **run})
 
 
 async def update_task(

@@ -19,6 +19,7 @@ from starlette.responses import Response
 
 from bullpen.api import cursor
 from bullpen.api.idempotency import KEY_MAX, IdempotentWrite
+from bullpen.api.problems import Replayed
 from bullpen.api.schemas.tasks import COMMENT_MAX, NO_NUL, Label, Labels, Priority, Prompt, Title
 from bullpen.app import Services
 from bullpen.domain.access import Permission
@@ -189,21 +190,22 @@ async def create_task(call: Caller, args: CreateTaskArgs) -> dict[str, Any]:
         body=_body_of(fields),
         instance="/mcp#create_task",
     )
-    async with tx_of.begin(principal, turn=task_store.numbering(principal.workspace_id)) as tx:
-        if tx.replayed is not None:
-            return _replayed(tx.replayed)
-        task, run = await svc.tasks.create(
-            principal,
-            prompt=args.prompt,
-            agent_id=agent_id,
-            title=args.title,
-            priority=args.priority,
-            labels=args.labels,
-            parent_id=args.parent_id,
-        )
-        view = task_view(task, run)
-        tx.respond(201, _Stored(view=view))
-        return view
+    try:
+        async with tx_of.begin(principal, turn=task_store.numbering(principal.workspace_id)) as tx:
+            task, run = await svc.tasks.create(
+                principal,
+                prompt=args.prompt,
+                agent_id=agent_id,
+                title=args.title,
+                priority=args.priority,
+                labels=args.labels,
+                parent_id=args.parent_id,
+            )
+            view = task_view(task, run)
+            tx.respond(201, _Stored(view=view))
+            return view
+    except Replayed as replay:
+        return _replayed(replay.response)
 
 
 async def get_task(call: Caller, args: TaskArgs) -> dict[str, Any]:
@@ -256,18 +258,19 @@ async def comment_on_task(call: Caller, args: CommentArgs) -> dict[str, Any]:
         body=_body_of(fields),
         instance="/mcp#comment_on_task",
     )
-    async with tx_of.begin(call.principal) as tx:
-        if tx.replayed is not None:
-            return _replayed(tx.replayed)
-        row = await call.svc.tasks.comment(call.principal, args.task_id, args.body)
-        view = {
-            "id": str(row.id),
-            "task_id": str(row.task_id),
-            "body": row.body,
-            "created_at": row.created_at.isoformat(),
-        }
-        tx.respond(201, _Stored(view=view))
-        return view
+    try:
+        async with tx_of.begin(call.principal) as tx:
+            row = await call.svc.tasks.comment(call.principal, args.task_id, args.body)
+            view = {
+                "id": str(row.id),
+                "task_id": str(row.task_id),
+                "body": row.body,
+                "created_at": row.created_at.isoformat(),
+            }
+            tx.respond(201, _Stored(view=view))
+            return view
+    except Replayed as replay:
+        return _replayed(replay.response)
 
 
 async def cancel_task(call: Caller, args: TaskArgs) -> dict[str, Any]:

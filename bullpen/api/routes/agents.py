@@ -86,8 +86,6 @@ async def create_agent(
 ) -> Response:
     """Create an agent; its name must be unused in the workspace (409 otherwise)."""
     async with idem.begin(principal) as tx:
-        if tx.replayed is not None:
-            return tx.replayed
         row = await agents.create(
             principal,
             name=body.name,

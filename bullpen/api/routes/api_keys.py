@@ -71,8 +71,6 @@ async def create_api_key(
     agent (`agent_id`) needs `keys:admin`. A replay returns `key: null`.
     """
     async with idem.begin(principal) as tx:
-        if tx.replayed is not None:
-            return tx.replayed
         row, key = await keys.create(
             principal,
             name=body.name,

@@ -77,8 +77,6 @@ async def create_budget(
     """A cap on what calls covered by `scope` may spend per period; an unknown agent, key or
     task is 404, a target its scope does not name (or none where it names one) 422."""
     async with idem.begin(principal) as tx:
-        if tx.replayed is not None:
-            return tx.replayed
         budget = await budgets.create(principal, body.model_dump())
         return tx.respond(
             201, BudgetPublic.from_row(budget), location=f"/api/v1/budgets/{budget.id}"

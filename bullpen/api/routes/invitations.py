@@ -41,8 +41,6 @@ async def create(
 ) -> Response:
     """The shared body of `createInvitation` and the deprecated `addMember`."""
     async with idem.begin(principal) as tx:
-        if tx.replayed is not None:
-            return tx.replayed
         row = await invitations.invite(principal, email=body.email, role=body.role)
         return tx.respond(
             201, InvitationPublic.from_row(row), location=f"/api/v1/invitations/{row.id}"

@@ -69,8 +69,6 @@ async def create_server(
     are encrypted at rest and never shown; a `stdio` server's command must be on
     `BULLPEN_PROCESS_ALLOW`. Nothing is connected to: `POST …/test` does that."""
     async with idem.begin(principal) as tx:
-        if tx.replayed is not None:
-            return tx.replayed
         row = await mcp.create(principal, body.values())
         return tx.respond(
             201, McpServerPublic.from_row(row), location=f"/api/v1/mcp-servers/{row.id}"

@@ -83,8 +83,6 @@ async def create_provider(
 ) -> Response:
     """Add an OpenAI-compatible provider. Its API key is encrypted at rest and never shown."""
     async with idem.begin(principal) as tx:
-        if tx.replayed is not None:
-            return tx.replayed
         row = await config.create_provider(
             principal,
             name=body.name,
@@ -268,8 +266,6 @@ async def create_route(
     """Add a route; every link must name a provider of the workspace (or a built-in one) and,
     if that provider lists models, one of them (404 otherwise)."""
     async with idem.begin(principal) as tx:
-        if tx.replayed is not None:
-            return tx.replayed
         row = await config.create_route(
             principal, name=body.name, chain=[link.model_dump() for link in body.chain]
         )

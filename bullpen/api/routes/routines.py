@@ -82,8 +82,6 @@ async def create_routine(
     """Create a routine for an agent of the workspace; a bad `cron` or `timezone` is 422, an
     unknown agent 404, a name in use 409. Its first slot is the next one after now."""
     async with idem.begin(principal) as tx:
-        if tx.replayed is not None:
-            return tx.replayed
         values = body.model_dump(mode="json")
         values["agent_id"] = body.agent_id
         row = await routines.create(principal, values)
@@ -180,8 +178,6 @@ async def fire_routine(
     """Queue the routine's task now, whatever its schedule, `enabled` and concurrency policy;
     a paused agent is 409, a full queue 429."""
     async with idem.begin(principal) as tx:
-        if tx.replayed is not None:
-            return tx.replayed
         row = await routines.fire(principal, routine_id)
         return tx.respond(
             201, RoutineFirePublic.from_row(row), location=f"/api/v1/tasks/{row.task_id}"

@@ -70,8 +70,6 @@ async def create_task(
 ) -> Response:
     """Create a task for an agent of the caller's workspace; its run is queued atomically."""
     async with idem.begin(principal, turn=task_store.numbering(principal.workspace_id)) as tx:
-        if tx.replayed is not None:
-            return tx.replayed
         task, run = await svc.tasks.create(
             principal,
             prompt=body.prompt,
@@ -205,8 +203,6 @@ async def retry_task(
 ) -> Response:
     """Queue a new run of the task (a new attempt history entry)."""
     async with idem.begin(principal) as tx:
-        if tx.replayed is not None:
-            return tx.replayed
         task, run = await svc.tasks.retry(principal, task_id)
         return tx.respond(201, TaskPublic.from_rows(task, run), location=f"/api/v1/runs/{run.id}")
 
@@ -261,8 +257,6 @@ async def add_comment(
 ) -> Response:
     """Append a comment."""
     async with idem.begin(principal) as tx:
-        if tx.replayed is not None:
-            return tx.replayed
         row = await svc.tasks.comment(principal, task_id, body.body)
         return tx.respond(
             201, CommentPublic.from_row(row), location=f"/api/v1/tasks/{task_id}/comments"

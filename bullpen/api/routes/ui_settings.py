@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from bullpen.api import cursor
 from bullpen.api.deps import ServicesDep
 from bullpen.api.idempotency import IdempotentWrite, check_key
+from bullpen.api.problems import Replayed
 from bullpen.api.routes.ui import Found, form_session, message, page, page_session, refused
 from bullpen.api.schemas.invitations import InvitationCreate, InvitationPublic
 from bullpen.api.schemas.keys import ApiKeyCreate, ApiKeyCreated, ApiKeyPublic
@@ -277,6 +278,8 @@ async def invite(
     try:
         body = InvitationCreate.model_validate({"email": email.strip(), "role": role})
         row = await svc.invitations.invite(found[1].principal, email=body.email, role=body.role)
+    except Replayed as replay:
+        return await _replayed(request, svc, found, replay.response, kept)
     except ValidationError as err:
         error = _validation_message(err)
         return await _invitations(request, svc, found, status=422, error=error, form=kept)
@@ -429,8 +432,6 @@ async def create_key(request: Request, svc: ServicesDep) -> Response:
             instance="/ui/settings/api-keys",
         )
         async with write.begin(principal) as tx:
-            if tx.replayed is not None:
-                return await _replayed(request, svc, found, tx.replayed, kept)
             row, key = await svc.api_keys.create(
                 principal,
                 name=body.name,
@@ -442,6 +443,8 @@ async def create_key(request: Request, svc: ServicesDep) -> Response:
             )
             public = ApiKeyPublic.from_row(row).model_dump()
             tx.respond(201, ApiKeyCreated(**public, key=None))
+    except Replayed as replay:
+        return await _replayed(request, svc, found, replay.response, kept)
     except ValidationError as err:
         error = _validation_message(err)
         return await _keys(request, svc, found, status=422, error=error, form=kept)

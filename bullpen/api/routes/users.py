@@ -112,8 +112,6 @@ async def create_user(
     # Hashed before the write transaction opens: no writer waits on argon2.
     password_hash = await users.new_password_hash(body.password)
     async with idem.begin(principal) as tx:
-        if tx.replayed is not None:
-            return tx.replayed
         row = await users.create(
             principal,
             email=body.email,

@@ -76,8 +76,6 @@ async def create_workspace(
 ) -> Response:
     """A new, empty workspace owned by the caller; a slug already in use is 409."""
     async with idem.begin(principal) as tx:
-        if tx.replayed is not None:
-            return tx.replayed
         row = await workspaces.create(
             principal, name=body.name, slug=body.slug, task_key=body.task_key
         )

@@ -75,12 +75,13 @@ async def test_same_key_with_another_body_is_422(
 async def test_concurrent_duplicates_create_exactly_one_task(
     server: RunningServer, http: aiohttp.ClientSession, backend: str
 ) -> None:
-    """ID-3: 50 identical POSTs at once while the first is held in its transaction."""
+    """ID-3: 50 identical POSTs at once while the first is held in its transaction. Each
+    duplicate waits for the first to end, rolls its own work back and replays the first."""
     key = str(uuid.uuid4())
     holder = None
     if backend == "postgres":
-        # Hold the workspace's counter row so the first request stalls inside its transaction
-        # (after taking the key) for half a second, as a slow handler would.
+        # Hold the workspace's counter row so every request stalls inside its transaction for
+        # half a second, as a slow handler would.
         holder = await asyncpg.connect(server.settings.database_url.replace("+asyncpg", ""))
         await holder.execute("BEGIN")
         await holder.execute("SELECT 1 FROM workspaces FOR UPDATE")
@@ -94,38 +95,33 @@ async def test_concurrent_duplicates_create_exactly_one_task(
     answers, _ = await asyncio.gather(
         asyncio.gather(*(post(http, server, body(server), key) for _ in range(50))), release()
     )
-    statuses = [status for status, _, _ in answers]
-    assert all(s in (201, 409) for s in statuses), sorted(statuses)
-    assert statuses.count(201) >= 1
-    for status, headers, raw in answers:
-        if status == 409:
-            assert headers["Retry-After"] == "1" and b"idempotency-key-in-use" in raw
-    created = {raw for status, _, raw in answers if status == 201}
-    assert len(created) == 1  # every 201 is the same task (first, or replays of it)
-    if backend == "postgres":
-        assert 409 in statuses  # the in-flight window was real
-    # After the first finished, a retry of the 409s replays it.
-    status, headers, raw = await post(http, server, body(server), key)
-    assert status == 201 and headers["Idempotent-Replayed"] == "true" and raw in created
+    assert [status for status, _, _ in answers] == [201] * 50
+    firsts = [raw for _, headers, raw in answers if "Idempotent-Replayed" not in headers]
+    assert len(firsts) == 1  # one request created the task; 49 replayed it
+    assert {raw for _, _, raw in answers} == set(firsts)
     assert await count(server, tasks) == 1
+    # Nothing was left half-done by the 49 rolled-back creates: the next task is number 2.
+    prefix, number = orjson.loads(firsts[0])["number"].rsplit("-", 1)
+    fresh = await post(http, server, body(server), None)
+    assert number == "1" and (fresh[0], orjson.loads(fresh[2])["number"]) == (201, f"{prefix}-2")
 
 
-async def test_an_outcome_committed_during_the_lookup_rolls_the_duplicate_back(
+async def test_an_outcome_committed_while_the_request_runs_wins(
     server: RunningServer, http: aiohttp.ClientSession, backend: str
 ) -> None:
-    """PostgreSQL reads the key and takes its lock in one statement: if another transaction
-    commits the key in between, the insert of the outcome finds it taken, and the request rolls
-    back its task and answers 409 (a retry replays the first outcome)."""
+    """Another transaction commits an outcome for the key while the request is inside its own:
+    the request's insert of the key finds it taken, so it rolls back its task and replays the
+    committed outcome."""
     if backend != "postgres":
-        pytest.skip("SQLite's single writer leaves no window between lookup and lock")
+        pytest.skip("SQLite's single writer runs no transaction beside the request's")
     assert (await post(http, server, body(server), "probe"))[0] == 201
     async with server.services.store.read() as conn:
         probe = (await conn.execute(sa.select(idempotency_keys))).one()
     dsn = server.settings.database_url.replace("+asyncpg", "")
     holder, other = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
     try:
-        # Stall the request after its lookup (at its task's foreign key to the agent, which
-        # a row lock FOR UPDATE holds back; the other insert has no key to the agent)...
+        # Stall the request inside its transaction (at its task's foreign key to the agent,
+        # which a row lock FOR UPDATE holds back; the other insert has no key to the agent)...
         await holder.execute("BEGIN")
         await holder.execute("SELECT 1 FROM agents FOR UPDATE")
         racing = asyncio.create_task(post(http, server, body(server), "raced"))
@@ -152,12 +148,42 @@ async def test_an_outcome_committed_during_the_lookup_rolls_the_duplicate_back(
     finally:
         await holder.close()
         await other.close()
-    assert status == 409 and headers["Retry-After"] == "1", raw
-    assert b"idempotency-key-in-use" in raw
+    assert (status, raw, headers["Idempotent-Replayed"]) == (201, first, "true")
     assert await count(server, tasks) == 1  # the probe's; the raced request's rolled back
-    replay = await post(http, server, body(server), "raced")
-    assert replay[0] == 201 and replay[2] == first
-    assert replay[1]["Idempotent-Replayed"] == "true"
+
+
+async def test_a_retry_whose_operation_now_refuses_replays_the_first_outcome(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    """The second send of a key runs the operation again, which now refuses (the task is
+    queued, not failed, and the name is taken): the stored outcome answers, not the refusal.
+    An operation's refusal with no stored outcome under its key still answers as itself."""
+    created = await post(http, server, body(server), "first-create")
+    task_id = orjson.loads(created[2])["id"]
+    async with http.post(
+        f"{server.base_url}/api/v1/tasks/{task_id}/cancel", headers=server.auth
+    ) as resp:
+        assert resp.status == 200
+    retry_url = f"{server.base_url}/api/v1/tasks/{task_id}/retry"
+    answers = []
+    for _ in range(2):
+        headers = {**server.auth, "Idempotency-Key": "retry-once"}
+        async with http.post(retry_url, headers=headers) as resp:
+            answers.append((resp.status, resp.headers.copy(), await resp.read()))
+    (first, _, raw), (again, replayed, raw_again) = answers
+    assert (first, again, raw_again) == (201, 201, raw)
+    assert replayed["Idempotent-Replayed"] == "true"
+    headers = {**server.auth, "Idempotency-Key": "retry-twice"}
+    async with http.post(retry_url, headers=headers) as resp:
+        assert resp.status == 409 and "Idempotent-Replayed" not in resp.headers
+    agent = {"name": "once", "title": "Once", "config": {"provider": "simulated", "model": "sim-1"}}
+    made = []
+    for _ in range(2):
+        headers = {**server.auth, "Idempotency-Key": "agent-once"}
+        async with http.post(f"{server.base_url}/api/v1/agents", json=agent, headers=headers) as r:
+            made.append((r.status, r.headers.get("Idempotent-Replayed"), await r.read()))
+    assert [(s, replay) for s, replay, _ in made] == [(201, None), (201, "true")]
+    assert made[0][2] == made[1][2]
 
 
 async def test_keys_are_scoped_to_the_caller(
