@@ -1,7 +1,8 @@
 """The create-task scenario: closed-loop `POST /api/v1/tasks` throughput and latency.
 
 `N` clients each create tasks back to back (`Authorization: Bearer`, a fresh
-`Idempotency-Key: <uuid4>` per request) for a warm-up and then a measured window. A create
+`Idempotency-Key: <uuid4>` per request unless `keyed` is off) for a warm-up and then a
+measured window. A create
 counts when its 201 arrives inside the window; latency is taken from those. Requests still in
 flight when the window closes are awaited (never cancelled, so no task is created unseen) and
 land in `created_total` with the warm-up's: the number of tasks the server stored. Errors are
@@ -182,8 +183,10 @@ class _CreateLoad:
         measure_from: float,
         until: float,
         request_timeout_s: float,
+        keyed: bool,
     ) -> None:
         self.session = session
+        self.keyed = keyed
         self.url = f"{base_url}/api/v1/tasks"
         self.agent_id = agent_id
         self.measure_from = measure_from
@@ -217,7 +220,9 @@ class _CreateLoad:
     async def create(self) -> float:
         """Send one create; return how long to pause before the next (0 after a 201)."""
         body = orjson.dumps({"prompt": make_prompt(next(self._prompts)), "agent_id": self.agent_id})
-        headers = {"Content-Type": "application/json", "Idempotency-Key": str(uuid.uuid4())}
+        headers = {"Content-Type": "application/json"}
+        if self.keyed:
+            headers["Idempotency-Key"] = str(uuid.uuid4())
         sent = time.perf_counter()
         try:
             async with self.session.post(
@@ -289,10 +294,12 @@ async def run_create_load(
     server: str = "current",
     index: int = 1,
     server_pid: int | None = None,
+    keyed: bool = True,
 ) -> CreateRound:
     """Run one round of the create scenario against `base_url` and return its figures.
 
     With `server_pid` (a local server) the server process's CPU over the window is sampled.
+    `keyed`: each create carries a fresh `Idempotency-Key`.
     """
     if concurrency < 1 or not duration_s > 0 or not warmup_s >= 0 or not request_timeout_s > 0:
         raise ValueError("concurrency >= 1, duration_s > 0, warmup_s >= 0 and a timeout > 0")
@@ -312,6 +319,7 @@ async def run_create_load(
             measure_from=start + warmup_s,
             until=start + warmup_s + duration_s,
             request_timeout_s=request_timeout_s,
+            keyed=keyed,
         )
         clients = [asyncio.create_task(load.client()) for _ in range(concurrency)]
         try:
@@ -377,6 +385,9 @@ class CreateComparison:
     #: other work on the machine shows up here and makes the figures less comparable.
     load_before: float | None = None
     load_after: float | None = None
+    #: Whether each create carried an `Idempotency-Key` (the default: what a careful client
+    #: sends, and one more statement in the create's transaction).
+    keyed: bool = True
 
     def median(self, server: str) -> dict[str, Any]:
         """Median creates/s, p50, p99 and server CPU per create over `server`'s rounds."""
@@ -435,6 +446,7 @@ class CreateComparison:
             "scenario": "create",
             "backend": self.backend,
             "concurrency": self.concurrency,
+            "idempotency_key": self.keyed,
             "duration_s": self.duration_s,
             "warmup_s": self.warmup_s,
             "rounds": self.rounds,
@@ -473,6 +485,7 @@ async def run_create_bench(
     warmup_s: float = DEFAULT_WARMUP_S,
     rounds: int = DEFAULT_ROUNDS,
     floor: bool = True,
+    keyed: bool = True,
     on_round: Callable[[CreateRound], None] | None = None,
 ) -> CreateComparison:
     """Start the server(s), run the rounds alternately and return every figure.
@@ -529,6 +542,7 @@ async def run_create_bench(
                     server=info.name,
                     index=index,
                     server_pid=target.pid,
+                    keyed=keyed,
                 )
                 results.append(result)
                 if on_round is not None:
@@ -543,6 +557,7 @@ async def run_create_bench(
             results=results,
             load_before=load_before,
             load_after=load_1m(),
+            keyed=keyed,
         )
 
 
@@ -562,6 +577,7 @@ def render_create_table(comparison: CreateComparison) -> Table:
     table = Table(
         title=(
             f"bullpen bench create — {c.backend}, {c.concurrency} clients, "
+            f"{'an' if c.keyed else 'no'} Idempotency-Key per create, "
             f"{c.duration_s:g} s per round after {c.warmup_s:g} s warm-up"
         ),
         title_justify="left",

@@ -69,6 +69,13 @@ def bench(
             "one insert per request) in its own process, rounds alternating."
         ),
     ] = True,
+    idempotency_key: Annotated[
+        bool,
+        typer.Option(
+            help="[create] Send a fresh Idempotency-Key with each create (--no-idempotency-key: "
+            "none, the path of a client that sends none)."
+        ),
+    ] = True,
     concurrency: Annotated[
         int, typer.Option(help="[create] Clients creating tasks back to back.")
     ] = 32,
@@ -187,7 +194,15 @@ def bench(
             "rounds",
             "tracing",
         ),
-        "create": ("baseline_ref", "floor", "concurrency", "duration", "warmup", "rounds"),
+        "create": (
+            "baseline_ref",
+            "floor",
+            "idempotency_key",
+            "concurrency",
+            "duration",
+            "warmup",
+            "rounds",
+        ),
         "queue": ("runs", "workers", "samples", "wake_runs"),
         "relay": ("streams", "duration", "warmup", "rounds", "api_processes", "budgets"),
         "streams": ("streams", "duration", "bus", "redis_url"),
@@ -218,6 +233,7 @@ def bench(
             pg_url=pg_url,
             baseline_ref=baseline_ref,
             floor=floor,
+            keyed=idempotency_key,
             concurrency=concurrency,
             duration=duration,
             warmup=warmup,
@@ -495,6 +511,7 @@ def bench_create(
     pg_url: str,
     baseline_ref: str | None,
     floor: bool,
+    keyed: bool,
     concurrency: int,
     duration: float,
     warmup: float,
@@ -528,6 +545,7 @@ def bench_create(
             warmup_s=warmup,
             rounds=rounds,
             floor=floor,
+            keyed=keyed,
             on_round=progress,
         )
     )

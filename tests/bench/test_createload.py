@@ -8,7 +8,9 @@ floor (a bare endpoint, `bullpen.bench.floor`), which is also checked on its own
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 import subprocess
 import sys
 
@@ -19,6 +21,7 @@ from typer.testing import CliRunner
 from bullpen.bench.createload import SERVER_ENV, CreateComparison, ServerInfo, run_create_load
 from bullpen.bench.spawn import SpawnedServer, project_root, spawn_floor, spawn_server
 from bullpen.cli import cli
+from bullpen.settings import Settings
 from tests.support.postgres import PG_ADMIN_URL
 
 ROUND_KEYS = {
@@ -44,6 +47,7 @@ REPORT_KEYS = {
     "scenario",
     "backend",
     "concurrency",
+    "idempotency_key",
     "duration_s",
     "warmup_s",
     "rounds",
@@ -122,6 +126,32 @@ async def test_every_counted_create_is_a_stored_task() -> None:
     assert report["ratio"] is None and report["goal"]["met"] is None
     assert report["floor_ratio"] is None and report["floor_goal"]["met"] is None
     json.dumps(report)  # plain JSON
+
+
+def _stored_keys(server: SpawnedServer) -> int:
+    path = Settings(data_dir=server.data_dir).resolved_database_url.removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return int(db.execute("SELECT count(*) FROM idempotency_keys").fetchone()[0])
+
+
+async def test_each_create_carries_a_fresh_key_unless_told_not_to() -> None:
+    async with spawn_server("sqlite", env=SERVER_ENV, sim="none") as server:
+        seen = []
+        for keyed in (True, False):
+            result = await run_create_load(
+                server.base_url,
+                server.api_key,
+                server.agent_id,
+                concurrency=2,
+                duration_s=0.5,
+                warmup_s=0.1,
+                keyed=keyed,
+            )
+            assert result.errors == {}, result.error_examples
+            seen.append((result.created_total, _stored_keys(server)))
+    (keyed_total, after_keyed), (plain_total, after_plain) = seen
+    assert after_keyed == keyed_total > 0  # one stored outcome per create: each key was new
+    assert plain_total > 0 and after_plain == after_keyed
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -212,6 +242,7 @@ def test_baseline_ref_head_runs_both_servers_alternately() -> None:
         (["--tracing", "--baseline-ref", "HEAD"], "--tracing compares this code with itself"),
         (["--scenario", "relay", "--tracing"], "--tracing applies to --scenario reference only"),
         (["--floor"], "--floor applies to --scenario create only"),
+        (["--no-idempotency-key"], "--idempotency-key applies to --scenario create only"),
         (["--scenario", "queue", "--wake-runs", "1"], "--wake-runs must be 0"),
         (["--wake-runs", "5"], "--wake-runs applies to --scenario queue only"),
         (

@@ -28,6 +28,13 @@ async def _run(store: Store, slug: str = "w") -> tuple[uuid.UUID, uuid.UUID, uui
     return ws, task_id, run_id
 
 
+async def _stored_kinds(store: Store, run_id: uuid.UUID) -> list[tuple[int, EventKind]]:
+    """(seq, kind) of the run's stored events, in order."""
+    async with store.read() as conn:
+        events = await event_store.after(conn, run_id=run_id, after_seq=0, limit=20)
+    return [(e.seq, e.kind) for e in events]
+
+
 async def test_deltas_coalesce_into_gap_free_events(store: Store) -> None:
     ws, task_id, run_id = await _run(store)
     bus = MemoryBus()
@@ -179,11 +186,7 @@ async def test_a_writers_events_and_its_end_commit_in_order_behind_another_runs_
             got = []
             while (event := await live.get(0.5)) is not None:
                 got.append(event)
-    async with store.read() as conn:
-        stored = [
-            (e.seq, e.kind)
-            for e in await event_store.after(conn, run_id=run_b, after_seq=0, limit=20)
-        ]
+    stored = await _stored_kinds(store, run_b)
     assert stored == [
         *((n, EventKind.TEXT if n % 2 else EventKind.USAGE) for n in range(1, 7)),
         (7, EventKind.END),
@@ -237,11 +240,7 @@ async def test_a_commit_whose_reply_was_lost_is_not_stored_twice(store: Store) -
             while (event := await live.get(0.5)) is not None:
                 got.append(event)
     assert flaky.lost == 1 and not writer.lost
-    async with store.read() as conn:
-        stored = [
-            (e.seq, e.kind)
-            for e in await event_store.after(conn, run_id=run_id, after_seq=0, limit=20)
-        ]
+    stored = await _stored_kinds(store, run_id)
     assert stored == [
         (1, EventKind.STATUS),
         (2, EventKind.TEXT),
