@@ -398,6 +398,13 @@ include-path = "/api/v1/workspaces/{{workspace_id}}"
 include-method = "DELETE"
 parameters = {{ "path.workspace_id" = {{ dictionary = "doomed_workspace", probability = 0.5 }} }}
 
+# A server's test connects to the real MCP server and lists its tools: on a loaded 2-core
+# machine that took more than the 2 s above (CI, 2026-12-06), so it gets longer.
+[[operations]]
+include-path = "/api/v1/mcp-servers/{{mcp_server_id}}/test"
+include-method = "POST"
+request-timeout = 10
+
 [reports]
 directory = "{report_dir}"
 
