@@ -357,6 +357,9 @@ class _Pool:
     drawn_usd: float = 0.0  # of which calls in flight drew
     inflight: int = 0
     idle_since: float = 0.0
+    restocking: bool = False  # a restock is under way (one at a time)
+    # Until then the store is not asked again: its last top-up could not cover the need.
+    dry_until: float = 0.0
     expires_at: datetime | None = None
     closed: bool = False
 
@@ -468,22 +471,33 @@ class RelayBudgets:
         return RelayHold(self, pool, meter)
 
     async def _draw(self, pool: _Pool, meter: Meter, want_usd: float) -> float:
-        """Up to `want_usd` from the pool for `meter`'s call, topping the pool up if short."""
-        if pool.held_usd - pool.drawn_usd < want_usd:
+        """Up to `want_usd` from the pool for `meter`'s call, topping the pool up if short.
+
+        Once a top-up could not cover its need, the budgets are spent: for a tick the calls
+        short of room take what the pool holds without asking the store again. Otherwise each
+        call queued on the pool's lock waits its own transaction to be told so, reading nothing
+        of its stream meanwhile, and what its provider streams in that time is owed."""
+        # Stock for every call in flight: each draws a slice at a time, and a top-up (a
+        # transaction) must come before the stock runs out, or the calls wait on it.
+        stock = want_usd * self._stock_slices * max(1, pool.inflight)
+        if pool.held_usd - pool.drawn_usd < want_usd and not self._dry(pool):
             async with pool.lock:
                 short = want_usd - (pool.held_usd - pool.drawn_usd)
-                if short > 0:
-                    await self._top_up(pool, short, want_usd * self._stock_slices)
+                if short > 0 and not self._dry(pool):
+                    await self._top_up(pool, short, stock)
         granted = max(0.0, min(want_usd, pool.held_usd - pool.drawn_usd))
         pool.drawn_usd += granted
-        stock = want_usd * self._stock_slices
-        if granted and pool.held_usd - pool.drawn_usd < stock / 2 and not pool.lock.locked():
+        if granted and pool.held_usd - pool.drawn_usd < stock / 2 and not pool.restocking:
             # Restock ahead, off this call's path: calls waiting on a top-up read nothing, and
             # what their providers stream meanwhile arrives in one large read.
+            pool.restocking = True
             task = asyncio.create_task(self._restock(pool, stock), name="relay-budget-restock")
             self._restocking.add(task)
             task.add_done_callback(self._restocking.discard)
         return granted
+
+    def _dry(self, pool: _Pool) -> bool:
+        return time.monotonic() < pool.dry_until
 
     async def _restock(self, pool: _Pool, stock_usd: float) -> None:
         try:
@@ -492,6 +506,8 @@ class RelayBudgets:
                     await self._top_up(pool, 0.0, stock_usd)
         except BullpenError as err:  # the database is away: the next draw tries again
             log.warning("could not restock a relay budget pool: %s", err.detail)
+        finally:
+            pool.restocking = False
 
     async def _top_up(self, pool: _Pool, need_usd: float, stock_usd: float) -> None:
         now = self._clock()
@@ -510,6 +526,8 @@ class RelayBudgets:
             )
             await budget_store.record_crossings(conn, pool.workspace_id, grant.crossings, now)
         pool.held_usd += grant.granted_usd
+        if grant.granted_usd < need_usd - EPSILON_USD:
+            pool.dry_until = time.monotonic() + self._tick_s
         if pool.reservation_id is not None:
             pool.expires_at = expires_at
 
