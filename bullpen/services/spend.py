@@ -357,7 +357,7 @@ class _Pool:
     drawn_usd: float = 0.0  # of which calls in flight drew
     inflight: int = 0
     idle_since: float = 0.0
-    restocking: bool = False  # a restock is under way (one at a time)
+    restock: asyncio.Task[None] | None = None  # the pool's restock, one at a time
     # Until then the store is not asked again: its last top-up could not cover the need.
     dry_until: float = 0.0
     expires_at: datetime | None = None
@@ -487,11 +487,12 @@ class RelayBudgets:
                     await self._top_up(pool, short, stock)
         granted = max(0.0, min(want_usd, pool.held_usd - pool.drawn_usd))
         pool.drawn_usd += granted
-        if granted and pool.held_usd - pool.drawn_usd < stock / 2 and not pool.restocking:
+        restocking = pool.restock is not None and not pool.restock.done()
+        if granted and pool.held_usd - pool.drawn_usd < stock / 2 and not restocking:
             # Restock ahead, off this call's path: calls waiting on a top-up read nothing, and
             # what their providers stream meanwhile arrives in one large read.
-            pool.restocking = True
             task = asyncio.create_task(self._restock(pool, stock), name="relay-budget-restock")
+            pool.restock = task
             self._restocking.add(task)
             task.add_done_callback(self._restocking.discard)
         return granted
@@ -506,8 +507,6 @@ class RelayBudgets:
                     await self._top_up(pool, 0.0, stock_usd)
         except BullpenError as err:  # the database is away: the next draw tries again
             log.warning("could not restock a relay budget pool: %s", err.detail)
-        finally:
-            pool.restocking = False
 
     async def _top_up(self, pool: _Pool, need_usd: float, stock_usd: float) -> None:
         now = self._clock()
